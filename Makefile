@@ -1,0 +1,30 @@
+# The README's two commands: `make demo` and `make test`. Each sets up .venv first.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint clean
+
+setup: $(STAMP)
+
+# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[all]"
+	touch $@
+
+demo: setup
+	$(BIN)/attnkit smoke
+
+lint: setup
+	$(BIN)/ruff check attnkit tests
+
+test: lint
+	$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,5 @@
+import sys
+
+from attnkit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The chapter itself: its labels, and (in later modules) its figures and experiments."""

@@ -1,0 +1,296 @@
+"""Scaled dot-product attention and multi-head attention (chapter §Scaled Dot-Product
+Attention, §Multi-Head Attention).
+
+Two paths compute [eq:att-sdpa]: :func:`attention_math` spells the equation out and can
+return the weights [eq:att-alpha]; :func:`attention_fused` calls
+``torch.nn.functional.scaled_dot_product_attention``. :func:`scaled_dot_product_attention`
+picks the fused one unless the weights are asked for; a test holds the two equal.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, overload
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.nn.cache import KVCache
+from attnkit.nn.positional import RotaryEmbedding
+
+
+def _check_inputs(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    scale: float | None,
+    dropout_p: float,
+) -> None:
+    """Validate shapes and dtypes before any kernel runs (``ValueError``, never ``assert``)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., seq_len, dim), got {tuple(t.shape)}")
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(
+            "q, k and v must share their leading (batch, head) dimensions, got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q and k must have the same last dimension d_k, got {q.shape[-1]} and {k.shape[-1]}"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"k and v must have the same number of positions m, got {k.shape[-2]} and {v.shape[-2]}"
+        )
+    if k.shape[-2] == 0:
+        raise ValueError("attention needs at least one key position, got m=0")
+    scores_shape = (*q.shape[:-1], k.shape[-2])
+    for name, t in (("mask", mask), ("bias", bias)):
+        if t is None:
+            continue
+        if name == "mask" and t.dtype != torch.bool:
+            raise ValueError(
+                f"mask must be a bool tensor (True = may attend), got dtype {t.dtype}; "
+                "convert with mask.bool() or build it with attnkit.nn.masks"
+            )
+        if name == "bias" and not t.dtype.is_floating_point:
+            raise ValueError(f"bias must be a floating-point tensor, got dtype {t.dtype}")
+        try:
+            broadcast = torch.broadcast_shapes(t.shape, scores_shape)
+        except RuntimeError:
+            broadcast = None
+        if broadcast != torch.Size(scores_shape):
+            raise ValueError(
+                f"{name} of shape {tuple(t.shape)} does not broadcast to the scores' shape "
+                f"{scores_shape} (..., n queries, m keys)"
+            )
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number, got {scale}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def _rows_with_a_key(mask: Tensor) -> Tensor:
+    """``(..., n, 1)`` bool: which query rows may attend at least one key."""
+    return mask.any(dim=-1, keepdim=True)
+
+
+def attention_math(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The readable path of [eq:att-sdpa]; returns ``(output, weights)``.
+
+    Implements [eq:att-sdpa] softmax(Q Kᵀ/√d_k + M) V with the weights of [eq:att-alpha] and
+    the masked form [eq:att-masked]. The -inf of [eq:att-mask] is the dtype's most negative
+    finite number, so masked weights are exactly 0 after the softmax and a query row with
+    no key to attend (all padding) gives a zero output row and finite gradients, where -inf
+    would give NaN.
+
+    Shapes: q (..., n, d_k), k (..., m, d_k), v (..., m, d_v); mask (bool, True = may
+    attend) and bias (additive, e.g. T5's relative positions) broadcastable to (..., n, m).
+    Returns output (..., n, d_v) and weights (..., n, m).
+
+    The default scale 1/√d_k is [prop:att-variance]: for unit-variance independent q, k
+    components q·k has variance d_k [eq:att-variance], so q·k/√d_k has unit variance and the
+    softmax stays out of saturation whatever the head width.
+    """
+    _check_inputs(q, k, v, mask, bias, scale, dropout_p)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., n, d_k) @ (..., d_k, m) -> (..., n, m)
+    if bias is not None:
+        scores = scores + bias
+    keep = None
+    if mask is not None:
+        keep = _rows_with_a_key(mask)
+        scores = scores.masked_fill(~(mask | ~keep), torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)  # rows sum to 1 [eq:att-alpha]
+    if keep is not None:
+        weights = weights * keep  # a row with no key attends nothing
+    attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return torch.matmul(attended, v), weights  # (..., n, m) @ (..., m, d_v) -> (..., n, d_v)
+
+
+def attention_fused(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """The fast path of [eq:att-sdpa] through ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Same contract as :func:`attention_math` (without the weights): rows with no key to
+    attend are given every key inside the kernel, then zeroed, so they stay finite.
+    """
+    _check_inputs(q, k, v, mask, bias, scale, dropout_p)
+    keep = None
+    attn_mask: Tensor | None = None
+    if mask is not None:
+        keep = _rows_with_a_key(mask)
+        attn_mask = mask | ~keep
+    if bias is not None:
+        bias = bias.to(q.dtype)
+        attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
+    return out if keep is None else out * keep
+
+
+@overload
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = ...,
+    scale: float | None = ...,
+    dropout_p: float = ...,
+    return_weights: Literal[False] = ...,
+    bias: Tensor | None = ...,
+) -> Tensor: ...
+@overload
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = ...,
+    scale: float | None = ...,
+    dropout_p: float = ...,
+    return_weights: Literal[True] = ...,
+    bias: Tensor | None = ...,
+) -> tuple[Tensor, Tensor]: ...
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+    bias: Tensor | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Scaled dot-product attention, [def:att-sdpa].
+
+    Implements [eq:att-sdpa] softmax(Q Kᵀ / √d_k) V, with [eq:att-alpha] as the weights
+    and [eq:att-masked] when a mask is given.
+
+    Shapes: q (..., n, d_k), k (..., m, d_k), v (..., m, d_v); ``mask`` broadcastable to
+    (..., n, m), bool, True = may attend; ``bias`` an additive float term of the same
+    broadcast shape. ``scale`` defaults to 1/√d_k (T5 passes 1.0: its initialisation absorbs
+    the factor). With ``return_weights`` the math path runs and ``(output, weights)`` is
+    returned; otherwise the fused kernel runs and the output alone is returned.
+    """
+    if return_weights:
+        return attention_math(q, k, v, mask, scale, dropout_p, bias)
+    return attention_fused(q, k, v, mask, scale, dropout_p, bias)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention, [eq:att-head] and [eq:att-multihead].
+
+    ``w_q``, ``w_k`` (d_model -> h·d_k) and ``w_v`` (d_model -> h·d_v) hold the h heads'
+    projections W_i^Q, W_i^K, W_i^V side by side; ``w_o`` (h·d_v -> d_model) is W^O.
+    Self-attention when ``memory`` is None, cross-attention on ``memory`` otherwise.
+
+    Variants: ``bias=False`` (T5), ``scale_scores=False`` drops 1/√d_k (T5, whose
+    initialisation absorbs it), ``rotary`` rotates queries and keys (RoFormer).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_k: int | None = None,
+        d_v: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        scale_scores: bool = True,
+        rotary: RotaryEmbedding | None = None,
+    ) -> None:
+        super().__init__()
+        if d_model <= 0 or n_heads <= 0:
+            raise ValueError(f"d_model ({d_model}) and n_heads ({n_heads}) must be positive")
+        if d_k is None or d_v is None:
+            if d_model % n_heads:
+                raise ValueError(
+                    f"d_model ({d_model}) must be divisible by n_heads ({n_heads}); "
+                    "choose n_heads among its divisors or pass d_k and d_v explicitly"
+                )
+            d_k = d_model // n_heads if d_k is None else d_k
+            d_v = d_model // n_heads if d_v is None else d_v
+        if d_k <= 0 or d_v <= 0:
+            raise ValueError(f"d_k ({d_k}) and d_v ({d_v}) must be positive")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if rotary is not None and rotary.dim != d_k:
+            raise ValueError(f"rotary dim ({rotary.dim}) must equal d_k ({d_k})")
+        self.d_model, self.n_heads, self.d_k, self.d_v = d_model, n_heads, d_k, d_v
+        self.dropout = dropout
+        self.scale = 1.0 / math.sqrt(d_k) if scale_scores else 1.0
+        self.w_q = nn.Linear(d_model, n_heads * d_k, bias=bias)
+        self.w_k = nn.Linear(d_model, n_heads * d_k, bias=bias)
+        self.w_v = nn.Linear(d_model, n_heads * d_v, bias=bias)
+        self.w_o = nn.Linear(n_heads * d_v, d_model, bias=bias)
+        self.rotary = rotary
+
+    def _split(self, x: Tensor, d: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, d).transpose(1, 2)  # (B, T, H·d) -> (B, H, T, d)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        mask: Tensor | None = None,
+        position_bias: Tensor | None = None,
+        cache: KVCache | None = None,
+        return_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``x`` (B, n, d_model) to itself or to ``memory`` (B, m, d_model).
+
+        ``mask``: bool, broadcastable to (B, H, n, m), True = may attend. ``position_bias``:
+        additive (1 or B, H, n, m). ``cache``: a :class:`KVCache`; self-attention appends the
+        new keys/values to it, a ``static`` cache (cross-attention) is filled from ``memory``
+        on the first call and reused afterwards. Returns the output (B, n, d_model) and, when
+        ``return_weights``, the per-head weights (B, H, n, m).
+        """
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have shape (batch, seq_len, {self.d_model}), got {tuple(x.shape)}")
+        if memory is not None and (memory.dim() != 3 or memory.shape[-1] != self.d_model):
+            raise ValueError(
+                f"memory must have shape (batch, src_len, {self.d_model}), got {tuple(memory.shape)}"
+            )
+        B, n, _ = x.shape
+        q = self._split(self.w_q(x), self.d_k)  # (B, n, d_model) -> (B, H, n, d_k)
+        if cache is not None and cache.static and cache.k is not None:
+            k, v = cache.k, cache.v  # cross-attention: the memory's keys/values, computed once
+        else:
+            source = x if memory is None else memory
+            k = self._split(self.w_k(source), self.d_k)  # (B, m, d_model) -> (B, H, m, d_k)
+            v = self._split(self.w_v(source), self.d_v)  # (B, m, d_model) -> (B, H, m, d_v)
+            if self.rotary is not None and memory is None:
+                offset = len(cache) if cache is not None else 0
+                q, k = self.rotary(q, offset), self.rotary(k, offset)
+            if cache is not None:
+                k, v = cache.update(k, v)
+        dropout_p = self.dropout if self.training else 0.0
+        weights = None
+        if return_weights:
+            heads, weights = attention_math(q, k, v, mask, self.scale, dropout_p, position_bias)
+        else:
+            heads = attention_fused(q, k, v, mask, self.scale, dropout_p, position_bias)
+        # (B, H, n, d_v) -> (B, n, H·d_v)
+        concat = heads.transpose(1, 2).reshape(B, n, self.n_heads * self.d_v)
+        return self.w_o(concat), weights

@@ -1,0 +1,172 @@
+"""Position information (chapter §Positional Encoding).
+
+Attention alone is permutation equivariant, so order must be injected: the chapter's
+sinusoidal encoding, learned absolute embeddings (BERT, GPT-2), T5's relative position
+bias, and rotary embeddings.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+Layout = Literal["interleaved", "halves"]
+
+
+def _inverse_wavelengths(d: int, base: float) -> Tensor:
+    """1 / base^(2i/d) for i = 0 .. d/2 - 1, in float64 for exactness."""
+    two_i = torch.arange(0, d, 2, dtype=torch.float64)
+    return torch.exp(-math.log(base) * two_i / d)
+
+
+def sinusoidal_table(
+    n_positions: int,
+    d_model: int,
+    base: float = 10000.0,
+    layout: Layout = "interleaved",
+    offset: int = 0,
+) -> Tensor:
+    """The sinusoidal encoding of positions ``offset .. offset + n_positions - 1``.
+
+    Implements [eq:att-pe-sin] PE(pos, 2i) = sin(pos / 10000^(2i/d_model)) and
+    [eq:att-pe-cos] PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+
+    ``layout="interleaved"`` is the chapter's (sin and cos alternate); ``"halves"`` puts all
+    sines first, then all cosines (Marian, fairseq): a permutation of the same numbers.
+    Returns ``(n_positions, d_model)`` float32, computed in float64.
+    """
+    if d_model <= 0 or d_model % 2:
+        raise ValueError(f"sinusoidal encodings need an even d_model > 0, got {d_model}")
+    if layout not in ("interleaved", "halves"):
+        raise ValueError(f"layout must be 'interleaved' or 'halves', got {layout!r}")
+    pos = torch.arange(offset, offset + n_positions, dtype=torch.float64)[:, None]  # (T, 1)
+    angles = pos * _inverse_wavelengths(d_model, base)  # (T, 1) * (d/2,) -> (T, d/2)
+    if layout == "halves":
+        table = torch.cat([angles.sin(), angles.cos()], dim=-1)  # (T, d/2) x2 -> (T, d)
+    else:
+        table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # (T, d/2, 2) -> (T, d)
+    return table.float()
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Fixed sinusoidal positions [eq:att-pe-sin][eq:att-pe-cos]; no parameters, any length.
+
+    ``forward(T, offset)`` returns the ``(T, d_model)`` encodings of positions
+    ``offset .. offset + T - 1``, to be added to the token embeddings.
+    """
+
+    def __init__(self, d_model: int, base: float = 10000.0, layout: Layout = "interleaved") -> None:
+        super().__init__()
+        sinusoidal_table(1, d_model, base, layout)  # validates the arguments
+        self.d_model, self.base, self.layout = d_model, base, layout
+        self.register_buffer("table", sinusoidal_table(512, d_model, base, layout), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        end = offset + length
+        if end > self.table.shape[0]:  # grow geometrically; positions never run out
+            size = max(end, 2 * self.table.shape[0])
+            self.table = sinusoidal_table(size, self.d_model, self.base, self.layout).to(self.table.device)
+        return self.table[offset:end]
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Learned absolute position embeddings (BERT, GPT-2): a ``(max_len, d_model)`` table."""
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__()
+        if max_len <= 0 or d_model <= 0:
+            raise ValueError(f"max_len ({max_len}) and d_model ({d_model}) must be positive")
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.empty(max_len, d_model))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        end = offset + length
+        if end > self.max_len:
+            raise ValueError(
+                f"sequence of length {end} exceeds max_len={self.max_len} of learned positions; "
+                "use a shorter input or a model with sinusoidal or relative positions"
+            )
+        return self.weight[offset:end]
+
+
+def relative_position_bucket(
+    relative_position: Tensor, bidirectional: bool, num_buckets: int, max_distance: int
+) -> Tensor:
+    """T5's bucketing of ``key_position - query_position``.
+
+    Half the buckets (per direction when bidirectional) hold exact small distances; the rest
+    cover distances up to ``max_distance`` logarithmically; farther ones share the last bucket.
+    """
+    buckets = torch.zeros_like(relative_position)
+    n = -relative_position  # > 0: the key is in the past
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (n < 0).long() * num_buckets
+        n = n.abs()
+    else:
+        n = n.clamp(min=0)
+    max_exact = num_buckets // 2
+    log_ratio = torch.log(n.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (log_ratio * (num_buckets - max_exact)).long()
+    large = large.clamp(max=num_buckets - 1)
+    return buckets + torch.where(n < max_exact, n, large)
+
+
+class RelativePositionBias(nn.Module):
+    """T5's learned relative position bias: one scalar per (bucket, head), added to the scores.
+
+    ``forward(n, m, offset)`` returns ``(1, H, n, m)`` for queries at positions
+    ``offset .. offset + n - 1`` against keys ``0 .. m - 1``. Encoder stacks are
+    ``bidirectional``; decoders only look back.
+    """
+
+    def __init__(
+        self, n_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
+    ) -> None:
+        super().__init__()
+        if num_buckets < 4 or max_distance <= num_buckets // 4:
+            raise ValueError(
+                f"need num_buckets >= 4 and max_distance > num_buckets/4, got num_buckets="
+                f"{num_buckets}, max_distance={max_distance}"
+            )
+        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
+        self.embedding = nn.Embedding(num_buckets, n_heads)
+
+    def forward(self, n: int, m: int, offset: int = 0) -> Tensor:
+        device = self.embedding.weight.device
+        query = torch.arange(offset, offset + n, device=device)[:, None]  # (n, 1)
+        key = torch.arange(m, device=device)[None, :]  # (1, m)
+        buckets = relative_position_bucket(
+            key - query, self.bidirectional, self.num_buckets, self.max_distance
+        )
+        return self.embedding(buckets).permute(2, 0, 1)[None]  # (n, m, H) -> (1, H, n, m)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoFormer): rotate each (2i, 2i+1) pair of a query or key
+    by pos·θ_i with θ_i = base^(-2i/d), the same angles as [eq:att-pe-sin].
+
+    By the rotation argument of [prop:att-pe-linear], ⟨R(p)q, R(p')k⟩ depends only on p' - p.
+    """
+
+    def __init__(self, dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if dim <= 0 or dim % 2:
+            raise ValueError(f"rotary embeddings need an even dim > 0, got {dim}")
+        self.dim = dim
+        self.register_buffer("inv_freq", _inverse_wavelengths(dim, base).float(), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """``x`` (..., T, dim) at positions offset .. offset + T - 1 -> rotated, same shape."""
+        T = x.shape[-2]
+        pos = torch.arange(offset, offset + T, device=x.device, dtype=torch.float32)
+        angles = pos[:, None] * self.inv_freq  # (T, dim/2)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        pairs = x.unflatten(-1, (-1, 2))  # (..., T, dim) -> (..., T, dim/2, 2)
+        even, odd = pairs[..., 0], pairs[..., 1]
+        rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+        return rotated.flatten(-2)  # (..., T, dim/2, 2) -> (..., T, dim)

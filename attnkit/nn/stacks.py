@@ -1,0 +1,107 @@
+"""The two columns of [fig:att-transformer]: a stack of N encoder layers and a stack of N
+decoder layers, each with an optional final norm (pre-LN stacks need one: their residual
+stream is never normalised otherwise)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torch import Tensor, nn
+
+from attnkit.nn.cache import DecoderCache
+from attnkit.nn.layers import AttentionRecord, DecoderLayer, EncoderLayer
+from attnkit.nn.masks import causal_mask
+from attnkit.nn.positional import RelativePositionBias
+
+
+def _combine(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    """AND of two bool masks, either of which may be absent."""
+    if a is None:
+        return b
+    return a if b is None else a & b
+
+
+class Encoder(nn.Module):
+    """N encoder layers (left column of [fig:att-transformer]).
+
+    ``position_bias``: T5's relative bias, computed once per forward and shared by all
+    layers. Embeddings and absolute positions belong to the model, not the stack.
+    """
+
+    def __init__(
+        self,
+        layers: Iterable[EncoderLayer],
+        final_norm: nn.Module | None = None,
+        position_bias: RelativePositionBias | None = None,
+    ) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = final_norm
+        self.position_bias = position_bias
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, record: AttentionRecord | None = None) -> Tensor:
+        """``x`` (B, T, d_model) -> (B, T, d_model); ``mask`` bool, broadcastable to (B, H, T, T)."""
+        T = x.shape[1]
+        bias = self.position_bias(T, T) if self.position_bias is not None else None
+        for layer in self.layers:
+            x = layer(x, mask=mask, position_bias=bias, record=record)
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+class Decoder(nn.Module):
+    """N decoder layers (right column of [fig:att-transformer]), always causal [eq:att-mask].
+
+    With a :class:`~attnkit.nn.cache.DecoderCache` only the new positions are fed; the
+    cached ones count for the causal mask and the relative bias.
+    """
+
+    def __init__(
+        self,
+        layers: Iterable[DecoderLayer],
+        final_norm: nn.Module | None = None,
+        position_bias: RelativePositionBias | None = None,
+    ) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = final_norm
+        self.position_bias = position_bias
+
+    @property
+    def cross_attention(self) -> bool:
+        return any(layer.cross_attn is not None for layer in self.layers)
+
+    def new_cache(self) -> DecoderCache:
+        """An empty cache for incremental decoding with this stack."""
+        return DecoderCache(len(self.layers), self.cross_attention)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        record: AttentionRecord | None = None,
+    ) -> Tensor:
+        """``x`` (B, n, d_model) -> (B, n, d_model).
+
+        ``mask``: key padding of the target, bool broadcastable to (B, 1, 1, n_cached + n),
+        combined here with the causal mask. ``memory_mask``: key padding of the source,
+        broadcastable to (B, 1, 1, m).
+        """
+        n = x.shape[1]
+        past = len(cache) if cache is not None else 0
+        self_mask = _combine(causal_mask(n, past + n, device=x.device), mask)
+        bias = self.position_bias(n, past + n, offset=past) if self.position_bias is not None else None
+        for i, layer in enumerate(self.layers):
+            x = layer(
+                x,
+                memory,
+                mask=self_mask,
+                memory_mask=memory_mask,
+                position_bias=bias,
+                self_cache=cache.self_attn[i] if cache is not None else None,
+                cross_cache=cache.cross_attn[i] if cache is not None else None,
+                record=record,
+            )
+        return x if self.final_norm is None else self.final_norm(x)
