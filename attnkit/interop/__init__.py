@@ -1,0 +1,1 @@
+"""Exchange with other libraries' checkpoints. Only this package knows their parameter names."""

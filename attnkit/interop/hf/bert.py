@@ -1,0 +1,1 @@
+"""bert <-> attnkit: written next."""

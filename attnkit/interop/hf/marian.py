@@ -1,0 +1,1 @@
+"""marian <-> attnkit: written next."""

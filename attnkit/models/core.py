@@ -1,0 +1,256 @@
+"""The three assemblies every family is made of: encoder–decoder (the Transformer of
+[fig:att-transformer], T5, Marian), decoder only (GPT) and encoder only (BERT).
+
+A family's build function (``models/<family>.py``) picks the blocks; these classes only
+wire them and speak the ecosystem's API at the edge (``attention_mask`` 1 = real token).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.config import ModelConfig
+from attnkit.nn import Decoder, DecoderCache, Encoder, padding_mask
+from attnkit.nn.layers import AttentionRecord
+
+
+@dataclass
+class ModelOutput:
+    """What every model returns. ``last_hidden_state`` is the decoder's for encoder–decoder
+    models; ``attentions`` maps "encoder"/"decoder" to ``{"self"|"cross": [per-layer weights]}``
+    when asked for."""
+
+    last_hidden_state: Tensor
+    logits: Tensor | None = None
+    encoder_last_hidden_state: Tensor | None = None
+    pooler_output: Tensor | None = None
+    attentions: dict[str, AttentionRecord] = field(default_factory=dict)
+
+
+class Embeddings(nn.Module):
+    """Token embedding (×√d_model when ``scale``), plus absolute positions and segment
+    embeddings when the family has them, then an optional LayerNorm and dropout."""
+
+    def __init__(
+        self,
+        token: nn.Embedding,
+        positions: nn.Module | None,
+        scale: bool,
+        dropout: float,
+        segments: nn.Embedding | None = None,
+        norm: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.token, self.positions, self.segments, self.norm = token, positions, segments, norm
+        self.scale = math.sqrt(token.embedding_dim) if scale else 1.0
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor, offset: int = 0, token_type_ids: Tensor | None = None) -> Tensor:
+        x = self.token(ids) * self.scale  # (B, T) -> (B, T, d_model)
+        if self.positions is not None:
+            x = x + self.positions(ids.shape[1], offset)  # + (T, d_model)
+        if self.segments is not None:
+            x = x + self.segments(torch.zeros_like(ids) if token_type_ids is None else token_type_ids)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.dropout(x)
+
+
+class LMHead(nn.Module):
+    """The pre-softmax linear map of [fig:att-transformer] ("Linear", then softmax).
+
+    Tied heads reuse the token embedding passed to :meth:`forward`; ``transform`` runs first
+    (BERT's dense + GELU + LayerNorm); ``scale`` multiplies the hidden state (T5 v1.0's
+    d_model^-0.5); ``bias`` adds a per-token logit bias (Marian, BERT).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        vocab_size: int,
+        tied: bool,
+        bias: bool,
+        scale: float = 1.0,
+        transform: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.transform = transform
+        self.weight = None if tied else nn.Parameter(torch.empty(vocab_size, d_model))
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
+        self.scale = scale
+
+    def forward(self, h: Tensor, embedding: Tensor) -> Tensor:
+        if self.transform is not None:
+            h = self.transform(h)
+        weight = embedding if self.weight is None else self.weight
+        return F.linear(h * self.scale, weight, self.bias)  # (B, T, d_model) -> (B, T, vocab)
+
+
+def check_ids(name: str, ids: Tensor, vocab_size: int) -> None:
+    """Token ids must be a (batch, seq_len) integer tensor inside the vocabulary."""
+    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
+        raise ValueError(f"{name} must be a (batch, seq_len) integer tensor, got {shape}")
+    if ids.shape[1] == 0:
+        raise ValueError(f"{name} is empty (seq_len 0); pass at least one token")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"{name} holds token id {bad}, outside the vocabulary [0, {vocab_size})")
+
+
+def _key_mask(attention_mask: Tensor | None, ids: Tensor, name: str) -> Tensor | None:
+    if attention_mask is None:
+        return None
+    if attention_mask.shape != ids.shape:
+        raise ValueError(f"{name} has shape {tuple(attention_mask.shape)}, expected {tuple(ids.shape)}")
+    return padding_mask(attention_mask)  # (B, T) -> (B, 1, 1, T)
+
+
+class Model(nn.Module):
+    """What the three assemblies share: the config, parameter counting and saving."""
+
+    config: ModelConfig
+
+    def num_parameters(self) -> int:
+        """Number of distinct parameters (tied weights counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def save_pretrained(self, path: str | Path, overwrite: bool = False) -> None:
+        """Write attnkit's own directory: ``config.json`` and ``model.safetensors``."""
+        from attnkit.models.io import save_pretrained
+
+        save_pretrained(self, path, overwrite=overwrite)
+
+
+class EncoderDecoderModel(Model):
+    """Encoder, decoder and head of [fig:att-transformer] (Transformer, T5, Marian)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        embeddings: Embeddings,
+        decoder_embeddings: Embeddings,
+        encoder: Encoder,
+        decoder: Decoder,
+        head: LMHead,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings, self.decoder_embeddings = embeddings, decoder_embeddings
+        self.encoder, self.decoder, self.head = encoder, decoder, head
+
+    def encode(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, record: AttentionRecord | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Source ids (B, S) -> memory (B, S, d_model) and its key mask (B, 1, 1, S)."""
+        check_ids("input_ids", input_ids, self.config.vocab_size)
+        mask = _key_mask(attention_mask, input_ids, "attention_mask")
+        return self.encoder(self.embeddings(input_ids), mask, record), mask
+
+    def decode(
+        self,
+        decoder_input_ids: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        record: AttentionRecord | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Target ids (B, T) (only the new ones when ``cache`` holds the rest) -> hidden
+        states and logits (B, T, vocab). ``decoder_attention_mask`` covers all positions."""
+        check_ids("decoder_input_ids", decoder_input_ids, self.config.vocab_size)
+        offset = len(cache) if cache is not None else 0
+        mask = None if decoder_attention_mask is None else padding_mask(decoder_attention_mask)
+        x = self.decoder_embeddings(decoder_input_ids, offset)
+        h = self.decoder(x, memory, mask=mask, memory_mask=memory_mask, cache=cache, record=record)
+        return h, self.head(h, self.decoder_embeddings.token.weight)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        decoder_input_ids: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> ModelOutput:
+        if decoder_input_ids is None:
+            raise ValueError(
+                "decoder_input_ids is required: the target shifted right, starting with "
+                f"decoder_start_token_id={self.config.decoder_start_token_id}"
+            )
+        enc_record: AttentionRecord | None = {} if output_attentions else None
+        dec_record: AttentionRecord | None = {} if output_attentions else None
+        memory, memory_mask = self.encode(input_ids, attention_mask, enc_record)
+        h, logits = self.decode(
+            decoder_input_ids, memory, memory_mask, decoder_attention_mask, record=dec_record
+        )
+        attentions = {"encoder": enc_record, "decoder": dec_record} if output_attentions else {}
+        return ModelOutput(h, logits, encoder_last_hidden_state=memory, attentions=attentions)
+
+
+class DecoderOnlyModel(Model):
+    """A causal decoder without cross-attention and a head (GPT)."""
+
+    def __init__(self, config: ModelConfig, embeddings: Embeddings, decoder: Decoder, head: LMHead) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings, self.decoder, self.head = embeddings, decoder, head
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        output_attentions: bool = False,
+        cache: DecoderCache | None = None,
+    ) -> ModelOutput:
+        """``input_ids`` (B, T), only the new ones when ``cache`` holds the rest;
+        ``attention_mask`` covers all positions, cached and new."""
+        check_ids("input_ids", input_ids, self.config.vocab_size)
+        record: AttentionRecord | None = {} if output_attentions else None
+        offset = len(cache) if cache is not None else 0
+        mask = None if attention_mask is None else padding_mask(attention_mask)
+        h = self.decoder(self.embeddings(input_ids, offset), mask=mask, cache=cache, record=record)
+        logits = self.head(h, self.embeddings.token.weight)
+        return ModelOutput(h, logits, attentions={"decoder": record} if record is not None else {})
+
+
+class EncoderOnlyModel(Model):
+    """A bidirectional encoder, with an optional pooler and vocabulary head (BERT)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        embeddings: Embeddings,
+        encoder: Encoder,
+        head: LMHead | None,
+        pooler: nn.Module | None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings, self.encoder, self.head, self.pooler = embeddings, encoder, head, pooler
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> ModelOutput:
+        check_ids("input_ids", input_ids, self.config.vocab_size)
+        if token_type_ids is not None:
+            types = max(self.config.type_vocab_size, 1)
+            check_ids("token_type_ids", token_type_ids, types)
+        record: AttentionRecord | None = {} if output_attentions else None
+        mask = _key_mask(attention_mask, input_ids, "attention_mask")
+        h = self.encoder(self.embeddings(input_ids, token_type_ids=token_type_ids), mask, record)
+        logits = self.head(h, self.embeddings.token.weight) if self.head is not None else None
+        pooled = self.pooler(h[:, 0]) if self.pooler is not None else None
+        attentions = {"encoder": record} if record is not None else {}
+        return ModelOutput(h, logits, pooler_output=pooled, attentions=attentions)
