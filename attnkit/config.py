@@ -165,42 +165,94 @@ def from_json(text: str) -> ModelConfig:
 
 
 _TRANSFORMER = dict(
-    family="transformer", positional="sinusoidal", scale_embeddings=True, tie_embeddings=True,
-    norm_first=False, activation="relu", pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    family="transformer",
+    positional="sinusoidal",
+    scale_embeddings=True,
+    tie_embeddings=True,
+    norm_first=False,
+    activation="relu",
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
     decoder_start_token_id=1,
-)  # fmt: skip
+)
 _BERT = dict(
-    family="bert", positional="learned", max_len=512, type_vocab_size=2, embedding_norm=True,
-    activation="gelu", eps=1e-12, logits_bias=True, pooler=True, pad_token_id=0,
-)  # fmt: skip
+    family="bert",
+    positional="learned",
+    max_len=512,
+    type_vocab_size=2,
+    embedding_norm=True,
+    activation="gelu",
+    eps=1e-12,
+    logits_bias=True,
+    pooler=True,
+    pad_token_id=0,
+)
 _GPT = dict(
-    family="gpt", positional="learned", norm_first=True, activation="gelu_tanh",
-    bos_token_id=50256, eos_token_id=50256, pad_token_id=50256,
-)  # fmt: skip
+    family="gpt",
+    positional="learned",
+    norm_first=True,
+    activation="gelu_tanh",
+    bos_token_id=50256,
+    eos_token_id=50256,
+    pad_token_id=50256,
+)
 _T5 = dict(
-    family="t5", positional="relative", norm="rms", norm_first=True, eps=1e-6, bias=False,
-    scale_scores=False, max_len=512, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-)  # fmt: skip
+    family="t5",
+    positional="relative",
+    norm="rms",
+    norm_first=True,
+    eps=1e-6,
+    bias=False,
+    scale_scores=False,
+    max_len=512,
+    pad_token_id=0,
+    eos_token_id=1,
+    decoder_start_token_id=0,
+)
 
 # Sizes from the papers: Vaswani et al. 2017 Table 3 (base, big), Devlin et al. 2019 (BERT-base),
 # Radford et al. 2019 / the released GPT-2 checkpoints, Raffel et al. 2020 (T5-small).
 PRESETS: dict[str, dict[str, Any]] = {
     "transformer-base": {**_TRANSFORMER, "vocab_size": 37000},
     "transformer-big": {
-        **_TRANSFORMER, "vocab_size": 37000, "d_model": 1024, "d_ff": 4096, "n_heads": 16, "dropout": 0.3,
-    },  # fmt: skip
-    "transformer-tiny": {**_TRANSFORMER, "vocab_size": 1000, "d_model": 64, "d_ff": 256, "n_heads": 4,
-                         "n_layers": 2},  # fmt: skip
+        **_TRANSFORMER,
+        "vocab_size": 37000,
+        "d_model": 1024,
+        "d_ff": 4096,
+        "n_heads": 16,
+        "dropout": 0.3,
+    },
+    "transformer-tiny": {**_TRANSFORMER, "vocab_size": 1000, "d_model": 64, "d_ff": 256, "n_heads": 4, "n_layers": 2},
     "bert-base": {**_BERT, "vocab_size": 30522, "d_model": 768, "d_ff": 3072, "n_heads": 12, "n_layers": 12},
     "bert-tiny": {**_BERT, "vocab_size": 1000, "d_model": 64, "d_ff": 256, "n_heads": 4, "n_layers": 2},
     "gpt2": {**_GPT, "vocab_size": 50257, "d_model": 768, "d_ff": 3072, "n_heads": 12, "n_layers": 12},
     "gpt2-medium": {**_GPT, "vocab_size": 50257, "d_model": 1024, "d_ff": 4096, "n_heads": 16, "n_layers": 24},
-    "gpt-tiny": {**_GPT, "vocab_size": 1000, "d_model": 64, "d_ff": 256, "n_heads": 4, "n_layers": 2,
-                 "max_len": 256, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0},  # fmt: skip
-    "t5-small": {**_T5, "vocab_size": 32128, "d_model": 512, "d_ff": 2048, "n_heads": 8, "d_k": 64,
-                 "head_scale": True},  # fmt: skip
-    "t5-tiny": {**_T5, "vocab_size": 1000, "d_model": 64, "d_ff": 128, "n_heads": 4, "d_k": 16, "n_layers": 2,
-                "activation": "gelu_tanh", "gated": True, "tie_embeddings": False},  # fmt: skip
+    "gpt-tiny": {
+        **_GPT,
+        "vocab_size": 1000,
+        "d_model": 64,
+        "d_ff": 256,
+        "n_heads": 4,
+        "n_layers": 2,
+        "max_len": 256,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "pad_token_id": 0,
+    },
+    "t5-small": {**_T5, "vocab_size": 32128, "d_model": 512, "d_ff": 2048, "n_heads": 8, "d_k": 64, "head_scale": True},
+    "t5-tiny": {
+        **_T5,
+        "vocab_size": 1000,
+        "d_model": 64,
+        "d_ff": 128,
+        "n_heads": 4,
+        "d_k": 16,
+        "n_layers": 2,
+        "activation": "gelu_tanh",
+        "gated": True,
+        "tie_embeddings": False,
+    },
 }
 
 

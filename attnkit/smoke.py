@@ -49,9 +49,7 @@ class TinyTransformer(nn.Module):
         mask = padding_mask(src != PAD)  # (B, S) -> (B, 1, 1, S)
         return self.encoder(self._embed(src), mask), mask
 
-    def decode(
-        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor, cache: DecoderCache | None = None
-    ) -> Tensor:
+    def decode(self, tgt: Tensor, memory: Tensor, memory_mask: Tensor, cache: DecoderCache | None = None) -> Tensor:
         offset = len(cache) if cache is not None else 0
         h = self.decoder(self._embed(tgt, offset), memory, memory_mask=memory_mask, cache=cache)
         return h @ self.embed.weight.T  # (B, T, d_model) -> (B, T, vocab), weights tied
@@ -67,9 +65,7 @@ class TinyTransformer(nn.Module):
         return ys
 
 
-def reversal_batch(
-    batch: int, generator: torch.Generator, min_len: int = 3, max_len: int = 8
-) -> tuple[Tensor, Tensor]:
+def reversal_batch(batch: int, generator: torch.Generator, min_len: int = 3, max_len: int = 8) -> tuple[Tensor, Tensor]:
     """Source digit strings (padded) and targets ``BOS reversed EOS`` (padded)."""
     lengths = torch.randint(min_len, max_len + 1, (batch,), generator=generator)
     src = torch.full((batch, max_len), PAD)

@@ -21,10 +21,20 @@ from attnkit.nn.norm import make_norm
 def layer_options(cfg: ModelConfig) -> dict[str, Any]:
     """Keyword arguments shared by the family's encoder and decoder layers."""
     return dict(
-        d_model=cfg.d_model, n_heads=cfg.n_heads, d_ff=cfg.d_ff, dropout=cfg.dropout,
-        attention_dropout=cfg.attention_dropout, norm_first=cfg.norm_first, activation=cfg.activation,
-        gated=cfg.gated, bias=cfg.bias, norm=cfg.norm, eps=cfg.eps, scale_scores=cfg.scale_scores, d_k=cfg.d_k,
-    )  # fmt: skip
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        d_ff=cfg.d_ff,
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attention_dropout,
+        norm_first=cfg.norm_first,
+        activation=cfg.activation,
+        gated=cfg.gated,
+        bias=cfg.bias,
+        norm=cfg.norm,
+        eps=cfg.eps,
+        scale_scores=cfg.scale_scores,
+        d_k=cfg.d_k,
+    )
 
 
 def encoder_layers(cfg: ModelConfig) -> list[EncoderLayer]:

@@ -188,9 +188,7 @@ class EncoderDecoderModel(Model):
         enc_record: AttentionRecord | None = {} if output_attentions else None
         dec_record: AttentionRecord | None = {} if output_attentions else None
         memory, memory_mask = self.encode(input_ids, attention_mask, enc_record)
-        h, logits = self.decode(
-            decoder_input_ids, memory, memory_mask, decoder_attention_mask, record=dec_record
-        )
+        h, logits = self.decode(decoder_input_ids, memory, memory_mask, decoder_attention_mask, record=dec_record)
         attentions = {"encoder": enc_record, "decoder": dec_record} if output_attentions else {}
         return ModelOutput(h, logits, encoder_last_hidden_state=memory, attentions=attentions)
 

@@ -32,10 +32,13 @@ def build_t5(cfg: ModelConfig) -> EncoderDecoderModel:
             build.decoder_layers(cfg, cross_attention=True), build.final_norm(cfg), build.relative_bias(cfg, False)
         ),
         head=LMHead(
-            cfg.d_model, cfg.vocab_size, cfg.tie_embeddings, cfg.logits_bias,
+            cfg.d_model,
+            cfg.vocab_size,
+            cfg.tie_embeddings,
+            cfg.logits_bias,
             scale=cfg.d_model**-0.5 if cfg.head_scale else 1.0,
         ),
-    )  # fmt: skip
+    )
     _init_t5(model, cfg)
     return model
 

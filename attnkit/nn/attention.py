@@ -41,13 +41,9 @@ def _check_inputs(
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q and k must have the same last dimension d_k, got {q.shape[-1]} and {k.shape[-1]}"
-        )
+        raise ValueError(f"q and k must have the same last dimension d_k, got {q.shape[-1]} and {k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
-        raise ValueError(
-            f"k and v must have the same number of positions m, got {k.shape[-2]} and {v.shape[-2]}"
-        )
+        raise ValueError(f"k and v must have the same number of positions m, got {k.shape[-2]} and {v.shape[-2]}")
     if k.shape[-2] == 0:
         raise ValueError("attention needs at least one key position, got m=0")
     scores_shape = (*q.shape[:-1], k.shape[-2])
@@ -269,9 +265,7 @@ class MultiHeadAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (batch, seq_len, {self.d_model}), got {tuple(x.shape)}")
         if memory is not None and (memory.dim() != 3 or memory.shape[-1] != self.d_model):
-            raise ValueError(
-                f"memory must have shape (batch, src_len, {self.d_model}), got {tuple(memory.shape)}"
-            )
+            raise ValueError(f"memory must have shape (batch, src_len, {self.d_model}), got {tuple(memory.shape)}")
         B, n, _ = x.shape
         q = self._split(self.w_q(x), self.d_k)  # (B, n, d_model) -> (B, H, n, d_k)
         if cache is not None and cache.static and cache.k is not None:

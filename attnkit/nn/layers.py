@@ -80,9 +80,7 @@ class _Parts:
             bias=bias,
             scale_scores=scale_scores,
         )
-        self.ffn_args = dict(
-            d_model=d_model, d_ff=d_ff, activation=activation, gated=gated, dropout=dropout, bias=bias
-        )
+        self.ffn_args = dict(d_model=d_model, d_ff=d_ff, activation=activation, gated=gated, dropout=dropout, bias=bias)
 
     def attention(self) -> MultiHeadAttention:
         return MultiHeadAttention(**self.attention_args)

@@ -23,9 +23,7 @@ def causal_mask(n: int, m: int | None = None, *, device: torch.device | str | No
     """
     m = n if m is None else m
     if n < 0 or m < n:
-        raise ValueError(
-            f"causal_mask needs 0 <= n <= m, got n={n}, m={m}; m counts the cached plus the new positions"
-        )
+        raise ValueError(f"causal_mask needs 0 <= n <= m, got n={n}, m={m}; m counts the cached plus the new positions")
     return torch.ones(n, m, dtype=torch.bool, device=device).tril(diagonal=m - n)
 
 
@@ -33,8 +31,7 @@ def lengths_to_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:
     """``(B,)`` sequence lengths -> ``(B, T)`` bool, ``True`` at real (non-padding) tokens."""
     if lengths.dim() != 1 or lengths.dtype.is_floating_point:
         raise ValueError(
-            f"lengths must be a 1-D integer tensor, got shape {tuple(lengths.shape)} "
-            f"and dtype {lengths.dtype}"
+            f"lengths must be a 1-D integer tensor, got shape {tuple(lengths.shape)} and dtype {lengths.dtype}"
         )
     if lengths.numel() and int(lengths.min()) < 0:
         raise ValueError(f"lengths must be >= 0, got min {int(lengths.min())}")
@@ -51,9 +48,7 @@ def padding_mask(attention_mask: Tensor) -> Tensor:
     Returns ``(B, 1, 1, T)`` bool, broadcastable against ``(B, H, T_q, T)`` scores.
     """
     if attention_mask.dim() != 2:
-        raise ValueError(
-            f"attention_mask must have shape (batch, seq_len), got {tuple(attention_mask.shape)}"
-        )
+        raise ValueError(f"attention_mask must have shape (batch, seq_len), got {tuple(attention_mask.shape)}")
     if attention_mask.dtype != torch.bool:
         if attention_mask.dtype.is_floating_point or attention_mask.dtype.is_complex:
             raise ValueError(
@@ -63,8 +58,7 @@ def padding_mask(attention_mask: Tensor) -> Tensor:
         bad = (attention_mask != 0) & (attention_mask != 1)
         if bool(bad.any()):
             raise ValueError(
-                "attention_mask must hold only 0 (padding) and 1 (real token), got value "
-                f"{int(attention_mask[bad][0])}"
+                f"attention_mask must hold only 0 (padding) and 1 (real token), got value {int(attention_mask[bad][0])}"
             )
         attention_mask = attention_mask.bool()
     return attention_mask[:, None, None, :]  # (B, T) -> (B, 1, 1, T)

@@ -140,9 +140,7 @@ class RelativePositionBias(nn.Module):
         device = self.embedding.weight.device
         query = torch.arange(offset, offset + n, device=device)[:, None]  # (n, 1)
         key = torch.arange(m, device=device)[None, :]  # (1, m)
-        buckets = relative_position_bucket(
-            key - query, self.bidirectional, self.num_buckets, self.max_distance
-        )
+        buckets = relative_position_bucket(key - query, self.bidirectional, self.num_buckets, self.max_distance)
         return self.embedding(buckets).permute(2, 0, 1)[None]  # (n, m, H) -> (1, H, n, m)
 
 

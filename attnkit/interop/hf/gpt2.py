@@ -16,8 +16,11 @@ _BUFFERS = (".attn.bias", ".attn.masked_bias")
 def config_from_hf(data: dict[str, Any]) -> ModelConfig:
     from attnkit.interop.hf import token_id, unsupported
 
-    unsupported(data, {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-                       "add_cross_attention": False}, "gpt2")  # fmt: skip
+    unsupported(
+        data,
+        {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False},
+        "gpt2",
+    )
     activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
     act = data.get("activation_function", "gelu_new")
     if act not in activation:
@@ -25,31 +28,55 @@ def config_from_hf(data: dict[str, Any]) -> ModelConfig:
     d_model = data["n_embd"]
     return preset(
         "gpt2",
-        vocab_size=data["vocab_size"], d_model=d_model, n_heads=data["n_head"], n_layers=data["n_layer"],
-        d_ff=data.get("n_inner") or 4 * d_model, max_len=data["n_positions"],
-        eps=data.get("layer_norm_epsilon", 1e-5), activation=activation[act],
-        dropout=data.get("resid_pdrop", 0.1), attention_dropout=data.get("attn_pdrop", 0.1),
-        init_std=data.get("initializer_range", 0.02), tie_embeddings=data.get("tie_word_embeddings", True),
-        bos_token_id=token_id(data, "bos_token_id"), eos_token_id=token_id(data, "eos_token_id"),
+        vocab_size=data["vocab_size"],
+        d_model=d_model,
+        n_heads=data["n_head"],
+        n_layers=data["n_layer"],
+        d_ff=data.get("n_inner") or 4 * d_model,
+        max_len=data["n_positions"],
+        eps=data.get("layer_norm_epsilon", 1e-5),
+        activation=activation[act],
+        dropout=data.get("resid_pdrop", 0.1),
+        attention_dropout=data.get("attn_pdrop", 0.1),
+        init_std=data.get("initializer_range", 0.02),
+        tie_embeddings=data.get("tie_word_embeddings", True),
+        bos_token_id=token_id(data, "bos_token_id"),
+        eos_token_id=token_id(data, "eos_token_id"),
         pad_token_id=token_id(data, "pad_token_id") or token_id(data, "eos_token_id") or 0,
-    )  # fmt: skip
+    )
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.family != "gpt" or cfg.positional != "learned" or not cfg.norm_first or cfg.norm != "layer":
         raise ValueError("only GPT-2-shaped models (learned positions, pre-LN LayerNorm) export to gpt2")
     activation = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
-    if cfg.activation not in activation or cfg.gated or not cfg.bias or cfg.d_k not in (None, cfg.d_model // cfg.n_heads):
+    if (
+        cfg.activation not in activation
+        or cfg.gated
+        or not cfg.bias
+        or cfg.d_k not in (None, cfg.d_model // cfg.n_heads)
+    ):
         raise ValueError("this GPT's FFN or attention has no gpt2 equivalent (activation, gated, bias or d_k)")
     return {
-        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": cfg.vocab_size,
-        "n_embd": cfg.d_model, "n_head": cfg.n_heads, "n_layer": cfg.n_layers, "n_inner": cfg.d_ff,
-        "n_positions": cfg.max_len, "layer_norm_epsilon": cfg.eps, "activation_function": activation[cfg.activation],
-        "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": cfg.vocab_size,
+        "n_embd": cfg.d_model,
+        "n_head": cfg.n_heads,
+        "n_layer": cfg.n_layers,
+        "n_inner": cfg.d_ff,
+        "n_positions": cfg.max_len,
+        "layer_norm_epsilon": cfg.eps,
+        "activation_function": activation[cfg.activation],
+        "resid_pdrop": cfg.dropout,
+        "embd_pdrop": cfg.dropout,
         "attn_pdrop": cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,
-        "initializer_range": cfg.init_std, "tie_word_embeddings": cfg.tie_embeddings,
-        "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id,
-    }  # fmt: skip
+        "initializer_range": cfg.init_std,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "pad_token_id": cfg.pad_token_id,
+    }
 
 
 def _renames(cfg: ModelConfig) -> dict[str, str]:
