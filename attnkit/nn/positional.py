@@ -68,7 +68,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         end = offset + length
         if end > self.table.shape[0]:  # grow geometrically; positions never run out
             size = max(end, 2 * self.table.shape[0])
-            self.table = sinusoidal_table(size, self.d_model, self.base, self.layout).to(self.table.device)
+            self.table = sinusoidal_table(size, self.d_model, self.base, self.layout).to(self.table)
         return self.table[offset:end]
 
 
@@ -128,10 +128,13 @@ class RelativePositionBias(nn.Module):
         self, n_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
     ) -> None:
         super().__init__()
-        if num_buckets < 4 or max_distance <= num_buckets // 4:
+        # The exact buckets cover distances below max_exact (a quarter of the buckets when
+        # bidirectional, half otherwise); the logarithmic ones need max_distance beyond it.
+        max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+        if num_buckets < 4 or max_distance <= max_exact:
             raise ValueError(
-                f"need num_buckets >= 4 and max_distance > num_buckets/4, got num_buckets="
-                f"{num_buckets}, max_distance={max_distance}"
+                f"need num_buckets >= 4 and max_distance > {max_exact} (the exact-distance buckets), "
+                f"got num_buckets={num_buckets}, max_distance={max_distance}"
             )
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
         self.embedding = nn.Embedding(num_buckets, n_heads)
