@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Load SRC (attnkit's own directory, or a Hugging Face gpt2/bert/t5/marian directory "
         "with model.safetensors) and write it to DST in the other format, or the one --to names. "
         "Weights are read only from safetensors.",
-        epilog="examples:\n  attnkit convert ./gpt2-hf ./gpt2-attnkit\n  attnkit convert ./my-run-model ./for-hf --to hf",
+        epilog="examples:\n"
+        "  attnkit convert ./gpt2-hf ./gpt2-attnkit\n"
+        "  attnkit convert ./my-run-model ./for-hf --to hf",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     convert.add_argument("src", help="directory to read")
