@@ -111,7 +111,9 @@ def attention_math(
     if mask is not None:
         keep = _rows_with_a_key(mask)
         scores = scores.masked_fill(~(mask | ~keep), torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)  # rows sum to 1 [eq:att-alpha]
+    # rows sum to 1 [eq:att-alpha]; half-precision scores are normalised in float32
+    low_precision = scores.dtype in (torch.float16, torch.bfloat16)
+    weights = torch.softmax(scores.float() if low_precision else scores, dim=-1).to(v.dtype)
     if keep is not None:
         weights = weights * keep  # a row with no key attends nothing
     attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights

@@ -95,12 +95,15 @@ def test_relative_offset_is_a_rotation(k: int) -> None:
     table = sinusoidal_table(n_pos + k, d_model).double()  # attnkit's float32 values
     w = torch.tensor([omega(i, d_model) for i in range(d_model // 2)], dtype=torch.float64)
     theta = k * w  # (d/2,)
-    R = torch.stack([
-        torch.stack([theta.cos(), theta.sin()], dim=-1),
-        torch.stack([-theta.sin(), theta.cos()], dim=-1),
-    ], dim=-2)  # (d/2, 2, 2), one rotation per pair i
+    R = torch.stack(
+        [
+            torch.stack([theta.cos(), theta.sin()], dim=-1),
+            torch.stack([-theta.sin(), theta.cos()], dim=-1),
+        ],
+        dim=-2,
+    )  # (d/2, 2, 2), one rotation per pair i
     pairs = table.unflatten(-1, (-1, 2))  # (n_pos + k, d/2, 2): (sin, cos) per pair
-    now, later = pairs[:n_pos], pairs[k:k + n_pos]
+    now, later = pairs[:n_pos], pairs[k : k + n_pos]
     rotated = torch.einsum("iab,pib->pia", R, now)  # R_i @ pair, for every pos and i
     assert (rotated - later).abs().max().item() < 1e-5
     # the opposite sign convention would be wrong wherever sin(k·ω_i) is not ~0
@@ -169,24 +172,21 @@ SETTINGS = [(32, 128), (64, 256), (16, 40), (8, 20)]
 
 @pytest.mark.parametrize("bidirectional", [True, False], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize(("num_buckets", "max_distance"), SETTINGS)
-def test_t5_relative_buckets_match_reference(
-    bidirectional: bool, num_buckets: int, max_distance: int
-) -> None:
+def test_t5_relative_buckets_match_reference(bidirectional: bool, num_buckets: int, max_distance: int) -> None:
     positions = list(range(-300, 301))
-    got = relative_position_bucket(
-        torch.tensor(positions), bidirectional, num_buckets, max_distance
-    )
+    got = relative_position_bucket(torch.tensor(positions), bidirectional, num_buckets, max_distance)
     assert got.dtype == torch.long
     expected = t5_buckets.buckets(positions, bidirectional, num_buckets, max_distance)
-    mismatches = [(r, e, g) for r, e, g in zip(positions, expected, got.tolist(), strict=True)
-                  if e != g]
+    mismatches = [(r, e, g) for r, e, g in zip(positions, expected, got.tolist(), strict=True) if e != g]
     assert not mismatches, f"(relative position, oracle, attnkit): {mismatches[:10]}"
     assert min(expected) >= 0 and max(expected) <= num_buckets - 1
 
     # a second, independent reference: Hugging Face's port of mesh-tensorflow
     modeling_t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
     hf = modeling_t5.T5Attention._relative_position_bucket(
-        torch.tensor(positions), bidirectional=bidirectional, num_buckets=num_buckets,
+        torch.tensor(positions),
+        bidirectional=bidirectional,
+        num_buckets=num_buckets,
         max_distance=max_distance,
     )
     assert torch.equal(got, hf)
@@ -269,7 +269,6 @@ def test_rotary_is_a_rotation_of_each_pair() -> None:
             a = (offset + t) * omega(i, dim)
             e, o = x[:, t, 2 * i], x[:, t, 2 * i + 1]
             assert_close(y[:, t, 2 * i], e * math.cos(a) - o * math.sin(a), atol=1e-5, rtol=1e-5)
-            assert_close(y[:, t, 2 * i + 1], e * math.sin(a) + o * math.cos(a), atol=1e-5,
-                         rtol=1e-5)
+            assert_close(y[:, t, 2 * i + 1], e * math.sin(a) + o * math.cos(a), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError):
         RotaryEmbedding(7)
