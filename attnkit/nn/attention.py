@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.nn.cache import KVCache
+from attnkit.nn.masks import causal_mask
 from attnkit.nn.positional import RotaryEmbedding
 
 
@@ -72,6 +73,12 @@ def _check_inputs(
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
 
 
+def _with_causal(mask: Tensor | None, q: Tensor, k: Tensor) -> Tensor:
+    """``mask`` AND the causal mask [eq:att-mask] of n queries that are the last of m positions."""
+    causal = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+    return causal if mask is None else causal & mask
+
+
 def _rows_with_a_key(mask: Tensor) -> Tensor:
     """``(..., n, 1)`` bool: which query rows may attend at least one key."""
     return mask.any(dim=-1, keepdim=True)
@@ -85,6 +92,7 @@ def attention_math(
     scale: float | None = None,
     dropout_p: float = 0.0,
     bias: Tensor | None = None,
+    is_causal: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """The readable path of [eq:att-sdpa]; returns ``(output, weights)``.
 
@@ -103,6 +111,8 @@ def attention_math(
     softmax stays out of saturation whatever the head width.
     """
     _check_inputs(q, k, v, mask, bias, scale, dropout_p)
+    if is_causal:
+        mask = _with_causal(mask, q, k)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., n, d_k) @ (..., d_k, m) -> (..., n, m)
     if bias is not None:
@@ -128,18 +138,27 @@ def attention_fused(
     scale: float | None = None,
     dropout_p: float = 0.0,
     bias: Tensor | None = None,
+    is_causal: bool = False,
 ) -> Tensor:
     """The fast path of [eq:att-sdpa] through ``torch.nn.functional.scaled_dot_product_attention``.
 
     Same contract as :func:`attention_math` (without the weights): rows with no key to
-    attend are given every key inside the kernel, then zeroed, so they stay finite.
+    attend are given every key inside the kernel, then zeroed, so they stay finite. A plain
+    causal self-attention (no other mask, no bias) runs the kernel's own causal mode.
     """
     _check_inputs(q, k, v, mask, bias, scale, dropout_p)
+    if is_causal and mask is None and bias is None and q.shape[-2] == k.shape[-2]:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, is_causal=True)
+    if is_causal:
+        mask = _with_causal(mask, q, k)
     keep = None
-    attn_mask: Tensor | None = None
+    attn_mask: Tensor | None = mask
     if mask is not None:
         keep = _rows_with_a_key(mask)
-        attn_mask = mask | ~keep
+        if bool(keep.all()):  # the usual case: no extra work on the output
+            keep = None
+        else:
+            attn_mask = mask | ~keep
     if bias is not None:
         bias = bias.to(q.dtype)
         attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
@@ -157,6 +176,7 @@ def scaled_dot_product_attention(
     dropout_p: float = ...,
     return_weights: Literal[False] = ...,
     bias: Tensor | None = ...,
+    is_causal: bool = ...,
 ) -> Tensor: ...
 @overload
 def scaled_dot_product_attention(
@@ -168,6 +188,7 @@ def scaled_dot_product_attention(
     dropout_p: float = ...,
     return_weights: Literal[True] = ...,
     bias: Tensor | None = ...,
+    is_causal: bool = ...,
 ) -> tuple[Tensor, Tensor]: ...
 def scaled_dot_product_attention(
     q: Tensor,
@@ -178,6 +199,7 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     return_weights: bool = False,
     bias: Tensor | None = None,
+    is_causal: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Scaled dot-product attention, [def:att-sdpa].
 
@@ -186,13 +208,14 @@ def scaled_dot_product_attention(
 
     Shapes: q (..., n, d_k), k (..., m, d_k), v (..., m, d_v); ``mask`` broadcastable to
     (..., n, m), bool, True = may attend; ``bias`` an additive float term of the same
-    broadcast shape. ``scale`` defaults to 1/√d_k (T5 passes 1.0: its initialisation absorbs
+    broadcast shape; ``is_causal`` adds the causal mask [eq:att-mask] (the n queries being the
+    last n of the m positions). ``scale`` defaults to 1/√d_k (T5 passes 1.0: its initialisation absorbs
     the factor). With ``return_weights`` the math path runs and ``(output, weights)`` is
     returned; otherwise the fused kernel runs and the output alone is returned.
     """
     if return_weights:
-        return attention_math(q, k, v, mask, scale, dropout_p, bias)
-    return attention_fused(q, k, v, mask, scale, dropout_p, bias)
+        return attention_math(q, k, v, mask, scale, dropout_p, bias, is_causal)
+    return attention_fused(q, k, v, mask, scale, dropout_p, bias, is_causal)
 
 
 class MultiHeadAttention(nn.Module):
@@ -255,13 +278,15 @@ class MultiHeadAttention(nn.Module):
         position_bias: Tensor | None = None,
         cache: KVCache | None = None,
         return_weights: bool = False,
+        is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` (B, n, d_model) to itself or to ``memory`` (B, m, d_model).
 
         ``mask``: bool, broadcastable to (B, H, n, m), True = may attend. ``position_bias``:
-        additive (1 or B, H, n, m). ``cache``: a :class:`KVCache`; self-attention appends the
-        new keys/values to it, a ``static`` cache (cross-attention) is filled from ``memory``
-        on the first call and reused afterwards. Returns the output (B, n, d_model) and, when
+        additive (1 or B, H, n, m). ``is_causal``: also apply the causal mask [eq:att-mask].
+        ``cache``: a :class:`KVCache`; self-attention appends the new keys/values to it, a
+        ``static`` cache (cross-attention) is filled from ``memory`` on the first call and
+        reused afterwards. Returns the output (B, n, d_model) and, when
         ``return_weights``, the per-head weights (B, H, n, m).
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
@@ -284,9 +309,9 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         weights = None
         if return_weights:
-            heads, weights = attention_math(q, k, v, mask, self.scale, dropout_p, position_bias)
+            heads, weights = attention_math(q, k, v, mask, self.scale, dropout_p, position_bias, is_causal)
         else:
-            heads = attention_fused(q, k, v, mask, self.scale, dropout_p, position_bias)
+            heads = attention_fused(q, k, v, mask, self.scale, dropout_p, position_bias, is_causal)
         # (B, H, n, d_v) -> (B, n, H·d_v)
         concat = heads.transpose(1, 2).reshape(B, n, self.n_heads * self.d_v)
         return self.w_o(concat), weights

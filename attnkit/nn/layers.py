@@ -227,14 +227,22 @@ class DecoderLayer(nn.Module):
     ) -> Tensor:
         """``x`` (B, n, d_model) new target positions; ``memory`` (B, m, d_model).
 
-        ``mask`` (bool, broadcastable to (B, H, n, n_cached + n)) must include the causal
-        part; ``memory_mask`` broadcastable to (B, H, n, m). With caches, only the new
-        positions are fed and the earlier keys/values come from ``self_cache``.
+        Self-attention is always causal [eq:att-mask]; ``mask`` (bool, broadcastable to
+        (B, H, n, n_cached + n)) adds to it, e.g. the target's key padding. ``memory_mask``
+        broadcastable to (B, H, n, m). With caches, only the new positions are fed and the
+        earlier keys/values come from ``self_cache``.
         """
         x = self.add_norm_self(
             x,
             lambda h: _attend(
-                self.self_attn, h, record, "self", mask=mask, position_bias=position_bias, cache=self_cache
+                self.self_attn,
+                h,
+                record,
+                "self",
+                mask=mask,
+                position_bias=position_bias,
+                cache=self_cache,
+                is_causal=True,
             ),
         )
         if self.cross_attn is not None:

@@ -10,15 +10,7 @@ from torch import Tensor, nn
 
 from attnkit.nn.cache import DecoderCache
 from attnkit.nn.layers import AttentionRecord, DecoderLayer, EncoderLayer
-from attnkit.nn.masks import causal_mask
 from attnkit.nn.positional import RelativePositionBias
-
-
-def _combine(a: Tensor | None, b: Tensor | None) -> Tensor | None:
-    """AND of two bool masks, either of which may be absent."""
-    if a is None:
-        return b
-    return a if b is None else a & b
 
 
 class Encoder(nn.Module):
@@ -85,19 +77,18 @@ class Decoder(nn.Module):
     ) -> Tensor:
         """``x`` (B, n, d_model) -> (B, n, d_model).
 
-        ``mask``: key padding of the target, bool broadcastable to (B, 1, 1, n_cached + n),
-        combined here with the causal mask. ``memory_mask``: key padding of the source,
+        ``mask``: key padding of the target, bool broadcastable to (B, 1, 1, n_cached + n);
+        the layers add the causal mask [eq:att-mask]. ``memory_mask``: key padding of the source,
         broadcastable to (B, 1, 1, m).
         """
         n = x.shape[1]
         past = len(cache) if cache is not None else 0
-        self_mask = _combine(causal_mask(n, past + n, device=x.device), mask)
         bias = self.position_bias(n, past + n, offset=past) if self.position_bias is not None else None
         for i, layer in enumerate(self.layers):
             x = layer(
                 x,
                 memory,
-                mask=self_mask,
+                mask=mask,
                 memory_mask=memory_mask,
                 position_bias=bias,
                 self_cache=cache.self_attn[i] if cache is not None else None,

@@ -3,7 +3,10 @@
 Each supported ``model_type`` has a module here with four functions:
 ``config_from_hf(data) -> ModelConfig``, ``config_to_hf(cfg) -> dict``,
 ``to_attnkit(tensors, cfg) -> dict`` and ``to_hf(tensors, cfg) -> dict``, the last two
-mapping parameter names (and layouts) between the two sides.
+mapping parameter names (and layouts) between the two sides. A module may also define
+``config_from_tensors(cfg, tensors) -> ModelConfig``, to settle what ``config.json`` leaves
+open from the tensors present (BERT: whether there is a pooler, an MLM head), and may raise a
+``ValueError`` from ``to_attnkit`` naming keys by the checkpoint's own names.
 """
 
 from __future__ import annotations
@@ -38,8 +41,14 @@ def load_hf(directory: Path, data: dict[str, Any]) -> torch.nn.Module:
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{directory / CONFIG}: cannot read this {model_type} config: {err}") from None
     tensors = read_safetensors(directory)
+    if hasattr(converter, "config_from_tensors"):
+        config = converter.config_from_tensors(config, tensors)
+    try:
+        weights = converter.to_attnkit(tensors, config)
+    except ValueError as err:
+        raise ValueError(f"cannot load {directory}: {err}") from None
     model = build_model(config)
-    load_weights(model, converter.to_attnkit(tensors, config), str(directory))
+    load_weights(model, weights, str(directory))
     return model.eval()
 
 

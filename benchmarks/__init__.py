@@ -1,0 +1,1 @@
+"""Side-by-side speed comparisons: attnkit and its peer, alternately, in one process."""

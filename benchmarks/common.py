@@ -1,0 +1,85 @@
+"""Timing side by side: each case runs attnkit and its peer alternately, repeats, and reports
+the median and the min–max of each and the ratio of medians. Never an assert: a report."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import date
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class Comparison:
+    case: str
+    unit: str  # what one "work" counts, e.g. tokens
+    work: int  # units processed per call
+    ours: list[float]  # seconds per call, each repeat
+    peer: list[float]
+    peer_name: str
+
+    def rate(self, times: list[float]) -> float:
+        return self.work / statistics.median(times)
+
+    @property
+    def ratio(self) -> float:
+        """attnkit's throughput over the peer's (> 1: attnkit is faster)."""
+        return statistics.median(self.peer) / statistics.median(self.ours)
+
+    def row(self) -> str:
+        lo, hi = self.work / max(self.ours), self.work / min(self.ours)
+        plo, phi = self.work / max(self.peer), self.work / min(self.peer)
+        return (
+            f"| {self.case} | {self.rate(self.ours):,.0f} ({lo:,.0f}–{hi:,.0f}) | "
+            f"{self.rate(self.peer):,.0f} ({plo:,.0f}–{phi:,.0f}) | {self.ratio:.2f}× |"
+        )
+
+
+def compare(
+    case: str, ours: Callable[[], object], peer: Callable[[], object], work: int, peer_name: str,
+    unit: str = "tokens", repeats: int = 7, warmup: int = 2,
+) -> Comparison:  # fmt: skip
+    """Time ``ours`` and ``peer`` alternately (so drifts in machine load hit both alike)."""
+    for _ in range(warmup):
+        ours(), peer()
+    t_ours, t_peer = [], []
+    for _ in range(repeats):
+        for fn, times in ((ours, t_ours), (peer, t_peer)):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return Comparison(case, unit, work, t_ours, t_peer, peer_name)
+
+
+def machine() -> dict[str, object]:
+    return {
+        "date": date.today().isoformat(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+
+
+def report(title: str, results: list[Comparison], out: Path | None) -> str:
+    """A Markdown table (returned) and, when ``out`` is given, the raw numbers as JSON."""
+    peer = results[0].peer_name if results else "peer"
+    unit = results[0].unit if results else "tokens"
+    lines = [
+        f"### {title}",
+        "",
+        f"| case | attnkit {unit}/s (min–max) | {peer} {unit}/s (min–max) | attnkit / {peer} |",
+        "|---|---|---|---|",
+        *(r.row() for r in results),
+    ]
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"title": title, "machine": machine(), "results": [asdict(r) | {"ratio": r.ratio} for r in results]}
+        out.write_text(json.dumps(payload, indent=2) + "\n")
+    return "\n".join(lines)
