@@ -8,8 +8,11 @@ cross-attention on the encoder's output, then the FFN. Each sub-layer is wrapped
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypedDict
 
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
 from attnkit.nn.attention import MultiHeadAttention
 from attnkit.nn.cache import KVCache
@@ -45,48 +48,44 @@ class AddNorm(nn.Module):
         return self.norm(x + self.dropout(sublayer(x)))
 
 
-class _Parts:
+class LayerOptions(TypedDict, total=False):
+    """The knobs of :class:`EncoderLayer` and :class:`DecoderLayer`, each a real variant."""
+
+    attention_dropout: float | None  # dropout on the attention weights; None = dropout
+    norm_first: bool  # pre-LN [eq:att-addnorm] (GPT-2, T5)
+    activation: Activation  # the FFN's non-linearity (BERT: gelu, GPT-2: gelu_tanh, Marian: silu)
+    gated: bool  # gated FFN (T5 v1.1)
+    bias: bool  # False: no biases in the linear maps (T5)
+    norm: NormKind  # "rms" (T5)
+    eps: float  # the norm's epsilon (BERT: 1e-12)
+    scale_scores: bool  # False: no 1/√d_k (T5)
+    d_k: int | None  # per-head width; None = d_model / n_heads
+
+
+@dataclass(frozen=True)
+class _Sublayers:
     """Builds the sub-layers shared by encoder and decoder layers from plain numbers."""
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        dropout: float,
-        attention_dropout: float | None,
-        norm_first: bool,
-        activation: Activation,
-        gated: bool,
-        bias: bool,
-        norm: NormKind,
-        eps: float,
-        scale_scores: bool,
-        d_k: int | None,
-    ) -> None:
-        self.d_model, self.dropout, self.norm_first, self.norm, self.eps = (
-            d_model,
-            dropout,
-            norm_first,
-            norm,
-            eps,
-        )
-        self.attention_args = dict(
-            d_model=d_model,
-            n_heads=n_heads,
-            d_k=d_k,
-            d_v=d_k,
-            dropout=dropout if attention_dropout is None else attention_dropout,
-            bias=bias,
-            scale_scores=scale_scores,
-        )
-        self.ffn_args = dict(d_model=d_model, d_ff=d_ff, activation=activation, gated=gated, dropout=dropout, bias=bias)
+    d_model: int
+    n_heads: int
+    d_ff: int
+    dropout: float
+    attention_dropout: float | None = None
+    norm_first: bool = False
+    activation: Activation = "relu"
+    gated: bool = False
+    bias: bool = True
+    norm: NormKind = "layer"
+    eps: float = 1e-5
+    scale_scores: bool = True
+    d_k: int | None = None
 
     def attention(self) -> MultiHeadAttention:
-        return MultiHeadAttention(**self.attention_args)
+        dropout = self.dropout if self.attention_dropout is None else self.attention_dropout
+        return MultiHeadAttention(self.d_model, self.n_heads, self.d_k, self.d_k, dropout, self.bias, self.scale_scores)
 
     def ffn(self) -> FeedForward:
-        return FeedForward(**self.ffn_args)
+        return FeedForward(self.d_model, self.d_ff, self.activation, self.gated, self.dropout, self.bias)
 
     def add_norm(self) -> AddNorm:
         return AddNorm(self.d_model, self.dropout, self.norm_first, self.norm, self.eps)
@@ -111,9 +110,7 @@ class EncoderLayer(nn.Module):
     each in Add & Norm [eq:att-addnorm]. Equal to ``torch.nn.TransformerEncoderLayer`` with the
     same weights (a test holds them equal for both ``norm_first``).
 
-    Knobs, each a real variant: ``norm_first`` (pre-LN), ``activation``/``gated`` (the FFN's),
-    ``bias=False`` and ``scale_scores=False`` (T5), ``norm="rms"`` (T5), ``eps`` (BERT's 1e-12),
-    ``attention_dropout`` (dropout on the weights, default ``dropout``), ``d_k`` (head width).
+    The knobs are :class:`LayerOptions`.
     """
 
     def __init__(
@@ -122,33 +119,10 @@ class EncoderLayer(nn.Module):
         n_heads: int,
         d_ff: int,
         dropout: float = 0.1,
-        *,
-        attention_dropout: float | None = None,
-        norm_first: bool = False,
-        activation: Activation = "relu",
-        gated: bool = False,
-        bias: bool = True,
-        norm: NormKind = "layer",
-        eps: float = 1e-5,
-        scale_scores: bool = True,
-        d_k: int | None = None,
+        **options: Unpack[LayerOptions],
     ) -> None:
         super().__init__()
-        parts = _Parts(
-            d_model,
-            n_heads,
-            d_ff,
-            dropout,
-            attention_dropout,
-            norm_first,
-            activation,
-            gated,
-            bias,
-            norm,
-            eps,
-            scale_scores,
-            d_k,
-        )
+        parts = _Sublayers(d_model, n_heads, d_ff, dropout, **options)
         self.self_attn, self.add_norm_self = parts.attention(), parts.add_norm()
         self.ffn, self.add_norm_ffn = parts.ffn(), parts.add_norm()
 
@@ -172,7 +146,7 @@ class DecoderLayer(nn.Module):
     as in GPT), and the FFN [eq:att-ffn], each in Add & Norm [eq:att-addnorm].
     Equal to ``torch.nn.TransformerDecoderLayer`` with the same weights.
 
-    The knobs are :class:`EncoderLayer`'s.
+    The knobs are :class:`LayerOptions`.
     """
 
     def __init__(
@@ -183,32 +157,10 @@ class DecoderLayer(nn.Module):
         dropout: float = 0.1,
         *,
         cross_attention: bool = True,
-        attention_dropout: float | None = None,
-        norm_first: bool = False,
-        activation: Activation = "relu",
-        gated: bool = False,
-        bias: bool = True,
-        norm: NormKind = "layer",
-        eps: float = 1e-5,
-        scale_scores: bool = True,
-        d_k: int | None = None,
+        **options: Unpack[LayerOptions],
     ) -> None:
         super().__init__()
-        parts = _Parts(
-            d_model,
-            n_heads,
-            d_ff,
-            dropout,
-            attention_dropout,
-            norm_first,
-            activation,
-            gated,
-            bias,
-            norm,
-            eps,
-            scale_scores,
-            d_k,
-        )
+        parts = _Sublayers(d_model, n_heads, d_ff, dropout, **options)
         self.self_attn, self.add_norm_self = parts.attention(), parts.add_norm()
         self.cross_attn = parts.attention() if cross_attention else None
         self.add_norm_cross = parts.add_norm() if cross_attention else None
