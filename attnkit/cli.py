@@ -61,9 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a tiny encoder-decoder built from attnkit.nn on digit-string "
         "reversal, decode held-out strings greedily with the KV cache, and check the cache "
         "against full recomputation.",
-        epilog="example: attnkit smoke --steps 400",
+        epilog="example: attnkit smoke --steps 800",
     )
-    smoke.add_argument("--steps", type=int, default=400, help="training steps (default 400)")
+    smoke.add_argument("--steps", type=int, default=800, help="training steps (default 800)")
     smoke.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     smoke.add_argument("--quiet", action="store_true", help="no progress bar")
     smoke.set_defaults(run=_smoke)

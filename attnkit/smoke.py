@@ -63,7 +63,7 @@ class SmokeResult:
     example: tuple[list[int], list[int]]
 
 
-def run_smoke(steps: int = 400, batch: int = 64, seed: int = 0, progress: bool = True) -> SmokeResult:
+def run_smoke(steps: int = 800, batch: int = 64, seed: int = 0, progress: bool = True) -> SmokeResult:
     """Train :func:`tiny_transformer` on string reversal and evaluate it."""
     start = time.perf_counter()
     torch.manual_seed(seed)

@@ -105,12 +105,16 @@ def check_ids(name: str, ids: Tensor, vocab_size: int) -> None:
         raise ValueError(f"{name} holds token id {bad}, outside the vocabulary [0, {vocab_size})")
 
 
-def _key_mask(attention_mask: Tensor | None, ids: Tensor, name: str) -> Tensor | None:
+def _key_mask(attention_mask: Tensor | None, ids: Tensor, name: str, cached: int = 0) -> Tensor | None:
+    """The (B, 1, 1, T) key mask of an ``attention_mask`` covering ``cached`` earlier positions
+    and ``ids``; None when every key is real, so attention runs without a mask."""
     if attention_mask is None:
         return None
-    if attention_mask.shape != ids.shape:
-        raise ValueError(f"{name} has shape {tuple(attention_mask.shape)}, expected {tuple(ids.shape)}")
-    return padding_mask(attention_mask)  # (B, T) -> (B, 1, 1, T)
+    expected = (ids.shape[0], cached + ids.shape[1])
+    if tuple(attention_mask.shape) != expected:
+        raise ValueError(f"{name} has shape {tuple(attention_mask.shape)}, expected {expected}")
+    mask = padding_mask(attention_mask)  # (B, T) -> (B, 1, 1, T)
+    return None if bool(mask.all()) else mask
 
 
 class Model(nn.Module):
@@ -167,7 +171,7 @@ class EncoderDecoderModel(Model):
         states and logits (B, T, vocab). ``decoder_attention_mask`` covers all positions."""
         check_ids("decoder_input_ids", decoder_input_ids, self.config.vocab_size)
         offset = len(cache) if cache is not None else 0
-        mask = None if decoder_attention_mask is None else padding_mask(decoder_attention_mask)
+        mask = _key_mask(decoder_attention_mask, decoder_input_ids, "decoder_attention_mask", offset)
         x = self.decoder_embeddings(decoder_input_ids, offset)
         h = self.decoder(x, memory, mask=mask, memory_mask=memory_mask, cache=cache, record=record)
         return h, self.head(h, self.decoder_embeddings.token.weight)
@@ -213,7 +217,7 @@ class DecoderOnlyModel(Model):
         check_ids("input_ids", input_ids, self.config.vocab_size)
         record: AttentionRecord | None = {} if output_attentions else None
         offset = len(cache) if cache is not None else 0
-        mask = None if attention_mask is None else padding_mask(attention_mask)
+        mask = _key_mask(attention_mask, input_ids, "attention_mask", offset)
         h = self.decoder(self.embeddings(input_ids, offset), mask=mask, cache=cache, record=record)
         logits = self.head(h, self.embeddings.token.weight)
         return ModelOutput(h, logits, attentions={"decoder": record} if record is not None else {})
