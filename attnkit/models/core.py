@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -51,9 +52,19 @@ class Embeddings(nn.Module):
         self.scale = math.sqrt(token.embedding_dim) if scale else 1.0
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, ids: Tensor, offset: int = 0, token_type_ids: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        ids: Tensor,
+        offset: int = 0,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Tensor:
+        """``ids`` (B, T) at positions ``offset ..``, or at ``position_ids`` (B, T) when given
+        (left-padded batches count positions from each row's first real token)."""
         x = self.token(ids) * self.scale  # (B, T) -> (B, T, d_model)
-        if self.positions is not None:
+        if self.positions is not None and position_ids is not None:
+            x = x + self.positions.at(position_ids)  # + (B, T, d_model)
+        elif self.positions is not None:
             x = x + self.positions(ids.shape[1], offset)  # + (T, d_model)
         if self.segments is not None:
             x = x + self.segments(torch.zeros_like(ids) if token_type_ids is None else token_type_ids)
@@ -125,6 +136,12 @@ class Model(nn.Module):
     def num_parameters(self) -> int:
         """Number of distinct parameters (tied weights counted once)."""
         return sum(p.numel() for p in self.parameters())
+
+    def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, **options: Any) -> Tensor:
+        """Greedy, beam or sampled decoding with the KV cache: see :func:`attnkit.generation.generate`."""
+        from attnkit.generation import generate
+
+        return generate(self, input_ids, attention_mask, **options)
 
     def save_pretrained(self, path: str | Path, overwrite: bool = False) -> None:
         """Write attnkit's own directory: ``config.json`` and ``model.safetensors``."""
@@ -211,14 +228,19 @@ class DecoderOnlyModel(Model):
         attention_mask: Tensor | None = None,
         output_attentions: bool = False,
         cache: DecoderCache | None = None,
+        position_ids: Tensor | None = None,
     ) -> ModelOutput:
         """``input_ids`` (B, T), only the new ones when ``cache`` holds the rest;
-        ``attention_mask`` covers all positions, cached and new."""
+        ``attention_mask`` covers all positions, cached and new; ``position_ids`` (B, T)
+        overrides the positions ``len(cache) ..`` (for left-padded prompts)."""
         check_ids("input_ids", input_ids, self.config.vocab_size)
+        if position_ids is not None and position_ids.shape != input_ids.shape:
+            raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}, expected {tuple(input_ids.shape)}")
         record: AttentionRecord | None = {} if output_attentions else None
         offset = len(cache) if cache is not None else 0
         mask = _key_mask(attention_mask, input_ids, "attention_mask", offset)
-        h = self.decoder(self.embeddings(input_ids, offset), mask=mask, cache=cache, record=record)
+        x = self.embeddings(input_ids, offset, position_ids=position_ids)
+        h = self.decoder(x, mask=mask, cache=cache, record=record)
         logits = self.head(h, self.embeddings.token.weight)
         return ModelOutput(h, logits, attentions={"decoder": record} if record is not None else {})
 

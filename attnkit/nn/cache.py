@@ -59,7 +59,10 @@ class DecoderCache:
         """Number of target positions already processed."""
         return len(self.self_attn[0]) if self.self_attn else 0
 
-    def reorder(self, index: Tensor) -> None:
-        for cache in (*self.self_attn, *self.cross_attn):
+    def reorder(self, index: Tensor, cross_attention: bool = True) -> None:
+        """Keep batch rows ``index``. ``cross_attention=False`` leaves the memory's keys and
+        values alone: right when ``index`` only permutes rows that share a source (beams)."""
+        caches = (*self.self_attn, *self.cross_attn) if cross_attention else self.self_attn
+        for cache in caches:
             if cache is not None:
                 cache.reorder(index)

@@ -64,12 +64,19 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.d_model, self.base, self.layout = d_model, base, layout
         self.register_buffer("table", sinusoidal_table(512, d_model, base, layout), persistent=False)
 
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        end = offset + length
+    def _grow(self, end: int) -> None:
         if end > self.table.shape[0]:  # grow geometrically; positions never run out
             size = max(end, 2 * self.table.shape[0])
             self.table = sinusoidal_table(size, self.d_model, self.base, self.layout).to(self.table)
-        return self.table[offset:end]
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        self._grow(offset + length)
+        return self.table[offset : offset + length]
+
+    def at(self, position_ids: Tensor) -> Tensor:
+        """Encodings at arbitrary positions: ``(B, T)`` ids -> ``(B, T, d_model)``."""
+        self._grow(int(position_ids.max()) + 1)
+        return self.table[position_ids]
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -83,14 +90,21 @@ class LearnedPositionalEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(max_len, d_model))
         nn.init.normal_(self.weight, std=0.02)
 
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        end = offset + length
+    def _check(self, end: int) -> None:
         if end > self.max_len:
             raise ValueError(
                 f"sequence of length {end} exceeds max_len={self.max_len} of learned positions; "
                 "use a shorter input or a model with sinusoidal or relative positions"
             )
-        return self.weight[offset:end]
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        self._check(offset + length)
+        return self.weight[offset : offset + length]
+
+    def at(self, position_ids: Tensor) -> Tensor:
+        """Embeddings at arbitrary positions: ``(B, T)`` ids -> ``(B, T, d_model)``."""
+        self._check(int(position_ids.max()) + 1)
+        return self.weight[position_ids]
 
 
 def relative_position_bucket(

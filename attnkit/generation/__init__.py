@@ -1,0 +1,127 @@
+"""Decoding: greedy [alg:att-decode], beam search (its generalisation) and sampling, behind one
+:func:`generate`, all on the key/value cache."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from attnkit.generation.greedy import decode_one_path, filter_logits, sampler
+from attnkit.generation.incremental import IncrementalModel
+from attnkit.models.core import Model, check_ids
+
+__all__ = ["IncrementalModel", "filter_logits", "generate"]
+
+
+def _validate(
+    model: Model,
+    input_ids: Tensor,
+    max_new_tokens: int,
+    num_beams: int,
+    length_penalty_style: str,
+    do_sample: bool,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    source_length_offset: int | None,
+) -> None:
+    cfg = model.config
+    if cfg.family == "bert":
+        raise ValueError("BERT is an encoder and does not generate; use attnkit fill-mask for [MASK] predictions")
+    check_ids("input_ids", input_ids, cfg.vocab_size)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not isinstance(num_beams, int) or num_beams < 1:
+        raise ValueError(f"num_beams must be an integer >= 1, got {num_beams!r}")
+    if length_penalty_style not in ("gnmt", "power"):
+        raise ValueError(f"length_penalty_style must be 'gnmt' or 'power', got {length_penalty_style!r}")
+    if do_sample and num_beams > 1:
+        raise ValueError("sampling with num_beams > 1 is not supported; use do_sample=False or num_beams=1")
+    if do_sample and not temperature > 0:
+        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be an integer >= 1 or None, got {top_k!r}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if source_length_offset is not None and not cfg.is_encoder_decoder:
+        raise ValueError("source_length_offset bounds a translation by its source; it needs an encoder-decoder")
+    if cfg.positional == "learned":
+        # The decoder's context: a decoder-only model sees prompt + continuation.
+        needed = (0 if cfg.is_encoder_decoder else input_ids.shape[1]) + max_new_tokens
+        if needed > cfg.max_len:
+            raise ValueError(
+                f"prompt of length {input_ids.shape[1]} plus max_new_tokens={max_new_tokens} exceeds the "
+                f"model's context of {cfg.max_len} positions; shorten the prompt or lower max_new_tokens"
+            )
+    if cfg.is_encoder_decoder and cfg.decoder_start_token_id is None:
+        raise ValueError("the model's config has no decoder_start_token_id; set it to the decoder's first token")
+
+
+@torch.no_grad()
+def generate(
+    model: Model,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    max_new_tokens: int = 20,
+    num_beams: int = 1,
+    length_penalty: float = 0.0,
+    length_penalty_style: Literal["gnmt", "power"] = "gnmt",
+    early_stopping: bool = True,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+    seed: int | None = None,
+    source_length_offset: int | None = None,
+) -> Tensor:
+    """Continue ``input_ids`` (decoder-only: returns prompt + continuation) or translate them
+    (encoder–decoder: returns the decoder sequence, starting with its start token).
+
+    ``num_beams=1`` is greedy decoding [alg:att-decode]; more beams is beam search with the
+    length penalty ``((5+|Y|)/6)^α`` (``"gnmt"``, Wu et al. 2016, the paper's) or ``|Y|^α``
+    (``"power"``, Hugging Face and fairseq), α = ``length_penalty``. ``do_sample`` samples
+    from softmax(logits / temperature) with optional top-k and top-p, reproducibly with
+    ``seed``. Sequences end at ``eos_token_id`` (default: the config's) and are padded with
+    ``pad_token_id``; ``source_length_offset`` caps each translation at its source length +
+    the offset. Decoder-only prompts may be left-padded (``attention_mask`` 0 on the left).
+    """
+    _validate(
+        model, input_ids, max_new_tokens, num_beams, length_penalty_style, do_sample, temperature, top_k, top_p,
+        source_length_offset,
+    )  # fmt: skip
+    cfg = model.config
+    eos = cfg.eos_token_id if eos_token_id is None else eos_token_id
+    pad = cfg.pad_token_id if pad_token_id is None else pad_token_id
+    budget = None
+    if source_length_offset is not None:
+        lengths = (
+            attention_mask.sum(-1)
+            if attention_mask is not None
+            else torch.full_like(input_ids[:, 0], input_ids.shape[1])
+        )
+        budget = (lengths + source_length_offset).clamp(min=1)
+    if num_beams > 1:
+        from attnkit.generation.beam import beam_search
+
+        new = beam_search(
+            IncrementalModel(model, input_ids, attention_mask, copies=num_beams), num_beams, max_new_tokens, eos, pad,
+            length_penalty, length_penalty_style, early_stopping, budget,
+        )  # fmt: skip
+    else:
+        incremental = IncrementalModel(model, input_ids, attention_mask)
+        if do_sample:
+            generator = torch.Generator(device=input_ids.device)
+            generator.manual_seed(torch.seed() if seed is None else seed)
+            new = decode_one_path(
+                incremental, max_new_tokens, eos, pad, sampler(temperature, top_k, top_p, generator), budget
+            )
+        else:
+            new = decode_one_path(incremental, max_new_tokens, eos, pad, budget=budget)
+    if cfg.is_encoder_decoder:
+        start = torch.full_like(new[:, :1], cfg.decoder_start_token_id)
+        return torch.cat([start, new], dim=1)
+    return torch.cat([input_ids, new], dim=1)

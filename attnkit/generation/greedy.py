@@ -1,0 +1,80 @@
+"""Greedy decoding [alg:att-decode], and sampling, which is the same loop with a random
+choice in place of the argmax."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from attnkit.generation.incremental import IncrementalModel
+
+Choose = Callable[[Tensor], Tensor]  # next-token logits (N, vocab) -> chosen tokens (N,)
+
+
+def argmax(logits: Tensor) -> Tensor:
+    """Line 7 of [alg:att-decode]: argmax_v p_v. The softmax of line 6 is monotone, so the
+    argmax of the logits is the argmax of p."""
+    return logits.argmax(dim=-1)
+
+
+def decode_one_path(
+    model: IncrementalModel,
+    max_new_tokens: int,
+    eos_token_id: int | None,
+    pad_token_id: int,
+    choose: Choose = argmax,
+    budget: Tensor | None = None,
+) -> Tensor:
+    """The loop of [alg:att-decode], numbered as the chapter numbers it; returns the new tokens
+    (N, ≤ max_new_tokens), rows that finished early padded with ``pad_token_id``.
+
+    ``budget`` (N,): a per-row cap on new tokens (source length + offset), on top of
+    ``max_new_tokens``.
+    """
+    # 1: H_enc <- Encoder(x), once (IncrementalModel did it); 2: y <- (BOS)
+    # 4-6 for t = 1: embed y, add positions, run the decoder stack, p <- softmax(W z_t + b)
+    logits = model.start()
+    N = logits.shape[0]
+    out = torch.full((N, max_new_tokens), pad_token_id, dtype=torch.long, device=logits.device)
+    finished = torch.zeros(N, dtype=torch.bool, device=logits.device)
+    for t in range(max_new_tokens):  # 3: for t = 1 .. T_max
+        token = choose(logits)  # 7: y_t <- argmax_v p_v (or a sample)
+        token = torch.where(finished, pad_token_id, token)
+        out[:, t] = token  # 8: append y_t to y
+        if eos_token_id is not None:
+            finished |= token == eos_token_id  # 9: if y_t = EOS, break
+        if budget is not None:
+            finished |= budget <= t + 1
+        if bool(finished.all()):
+            return out[:, : t + 1]
+        if t + 1 < max_new_tokens:
+            logits = model.step(token)  # 4-6: only the new position goes through the stack
+    return out
+
+
+def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
+    """Set to -inf every logit outside the top ``top_k``, then outside the smallest set of
+    tokens whose probability mass reaches ``top_p`` (nucleus sampling)."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits.float(), dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # what the more likely tokens already cover
+        drop_sorted = mass_before >= top_p  # the first token is always kept (mass_before = 0)
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sampler(temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator) -> Choose:
+    """A choice that samples from softmax(logits / temperature), restricted by top-k and top-p."""
+
+    def choose(logits: Tensor) -> Tensor:
+        probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p).float(), dim=-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+    return choose
