@@ -26,7 +26,7 @@ demo: setup
 	$(BIN)/attnkit smoke
 
 lint: setup
-	$(BIN)/ruff check attnkit tests
+	$(BIN)/ruff check attnkit tests tools benchmarks
 
 test: lint
 	$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider
