@@ -107,12 +107,12 @@ def generate(
     if num_beams > 1:
         from attnkit.generation.beam import beam_search
 
+        beams = IncrementalModel(model, input_ids, attention_mask, num_beams, max_new_tokens)
         new = beam_search(
-            IncrementalModel(model, input_ids, attention_mask, copies=num_beams), num_beams, max_new_tokens, eos, pad,
-            length_penalty, length_penalty_style, early_stopping, budget,
-        )  # fmt: skip
+            beams, num_beams, max_new_tokens, eos, pad, length_penalty, length_penalty_style, early_stopping, budget
+        )
     else:
-        incremental = IncrementalModel(model, input_ids, attention_mask)
+        incremental = IncrementalModel(model, input_ids, attention_mask, 1, max_new_tokens)
         if do_sample:
             generator = torch.Generator(device=input_ids.device)
             generator.manual_seed(torch.seed() if seed is None else seed)

@@ -15,10 +15,13 @@ class IncrementalModel:
     KV cache: the source is encoded once ([alg:att-decode], line 1), every step feeds only the
     new token and reads the earlier keys and values from the cache."""
 
-    def __init__(self, model: Model, input_ids: Tensor, attention_mask: Tensor | None, copies: int = 1) -> None:
+    def __init__(
+        self, model: Model, input_ids: Tensor, attention_mask: Tensor | None, copies: int = 1, max_new_tokens: int = 64
+    ) -> None:
         self.model = model
         self.encoder_decoder = model.config.is_encoder_decoder
-        self.cache = model.decoder.new_cache()
+        prompt = 1 if self.encoder_decoder else input_ids.shape[1]
+        self.cache = model.decoder.new_cache(capacity=prompt + max_new_tokens)  # no regrowth while decoding
         if self.encoder_decoder:
             memory, memory_mask = model.encode(input_ids, attention_mask)
             self.memory = memory.repeat_interleave(copies, dim=0)  # (B, S, d) -> (B·copies, S, d)

@@ -9,48 +9,75 @@ memory's once.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 
 class KVCache:
     """Keys and values of one attention module, each ``(B, H, T, d)``.
 
-    ``static=False`` (self-attention): :meth:`update` appends along time.
+    ``static=False`` (self-attention): :meth:`update` appends along time into preallocated
+    buffers that double when full, so one decoding step copies only the new position (not
+    the whole prefix) and its cost stays flat as the prefix grows.
     ``static=True`` (cross-attention): the first :meth:`update` stores the memory's keys and
     values; :class:`~attnkit.nn.attention.MultiHeadAttention` reuses them afterwards.
     """
 
-    def __init__(self, static: bool = False) -> None:
+    def __init__(self, static: bool = False, capacity: int = 64) -> None:
         self.static = static
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
+        self.capacity = capacity  # positions allocated on the first update (at least)
+        self._k: Tensor | None = None  # (B, H, capacity, d_k)
+        self._v: Tensor | None = None  # (B, H, capacity, d_v)
+        self._length = 0
+
+    @property
+    def k(self) -> Tensor | None:
+        if self._k is None or self.static:
+            return self._k
+        return self._k[..., : self._length, :]  # the filled part of the buffer
+
+    @property
+    def v(self) -> Tensor | None:
+        if self._v is None or self.static:
+            return self._v
+        return self._v[..., : self._length, :]
 
     def __len__(self) -> int:
-        return 0 if self.k is None else self.k.shape[-2]
+        return self._length
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new ``k``, ``v`` (B, H, t, d); return all cached keys and values."""
-        if self.k is None or self.static:
-            self.k, self.v = k, v
-        else:
-            self.k = torch.cat([self.k, k], dim=-2)  # (B, H, T, d) + (B, H, t, d) -> (B, H, T+t, d)
-            self.v = torch.cat([self.v, v], dim=-2)
+        t = k.shape[-2]
+        if self.static:
+            self._k, self._v, self._length = k, v, t
+            return k, v
+        if self._k is None or self._length + t > self._k.shape[-2]:
+            self._grow(k, v, max(self._length + t, 2 * self._length, self.capacity))
+        self._k[..., self._length : self._length + t, :] = k
+        self._v[..., self._length : self._length + t, :] = v
+        self._length += t
         return self.k, self.v
+
+    def _grow(self, k: Tensor, v: Tensor, size: int) -> None:
+        new_k = k.new_empty(*k.shape[:-2], size, k.shape[-1])  # (B, H, size, d_k)
+        new_v = v.new_empty(*v.shape[:-2], size, v.shape[-1])
+        if self._k is not None:
+            new_k[..., : self._length, :] = self.k
+            new_v[..., : self._length, :] = self.v
+        self._k, self._v = new_k, new_v
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search re-ranking its hypotheses)."""
-        if self.k is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+        if self._k is not None:
+            self._k = self._k.index_select(0, index)
+            self._v = self._v.index_select(0, index)
 
 
 class DecoderCache:
     """The caches of a decoder stack: one self-attention and (optionally) one cross-attention
     :class:`KVCache` per layer."""
 
-    def __init__(self, n_layers: int, cross_attention: bool) -> None:
-        self.self_attn = [KVCache() for _ in range(n_layers)]
+    def __init__(self, n_layers: int, cross_attention: bool, capacity: int = 64) -> None:
+        self.self_attn = [KVCache(capacity=capacity) for _ in range(n_layers)]
         self.cross_attn: list[KVCache | None] = [
             KVCache(static=True) if cross_attention else None for _ in range(n_layers)
         ]

@@ -62,9 +62,10 @@ class Decoder(nn.Module):
     def cross_attention(self) -> bool:
         return any(layer.cross_attn is not None for layer in self.layers)
 
-    def new_cache(self) -> DecoderCache:
-        """An empty cache for incremental decoding with this stack."""
-        return DecoderCache(len(self.layers), self.cross_attention)
+    def new_cache(self, capacity: int = 64) -> DecoderCache:
+        """An empty cache for incremental decoding with this stack; ``capacity`` positions are
+        allocated up front (the buffers double when a longer sequence needs more)."""
+        return DecoderCache(len(self.layers), self.cross_attention, capacity)
 
     def forward(
         self,

@@ -223,3 +223,19 @@ def test_kv_cache_basics() -> None:
 
     empty = DecoderCache(0, cross_attention=False)
     assert len(empty) == 0
+
+
+def test_kv_cache_buffers_grow_and_equal_concatenation() -> None:
+    """The preallocated buffers double when full; what they return is the concatenation."""
+    torch.manual_seed(0)
+    cache = KVCache(capacity=2)
+    ks, vs = [], []
+    for t in (1, 1, 3, 1, 7):
+        k, v = torch.randn(2, 3, t, 4), torch.randn(2, 3, t, 5)
+        ks.append(k)
+        vs.append(v)
+        got_k, got_v = cache.update(k, v)
+        assert torch.equal(got_k, torch.cat(ks, dim=2)) and torch.equal(got_v, torch.cat(vs, dim=2))
+    assert len(cache) == 13
+    cache.reorder(torch.tensor([1, 1]))
+    assert torch.equal(cache.k, torch.cat(ks, dim=2)[[1, 1]])
