@@ -11,9 +11,11 @@ import dataclasses
 import difflib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
+T = TypeVar("T")
 Family = Literal["transformer", "bert", "gpt", "t5"]
 Positional = Literal["sinusoidal", "sinusoidal-halves", "learned", "relative"]
 
@@ -115,6 +117,13 @@ def _matches(value: Any, hint: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if hint is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if get_origin(hint) is tuple:
+        args = get_args(hint)
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_matches(v, args[0]) for v in value)
+        return len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args, strict=True))
     return isinstance(value, hint)
 
 
@@ -123,33 +132,56 @@ def _describe(hint: Any) -> str:
         return "null"
     if get_origin(hint) is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(hint))
+    if get_origin(hint) is tuple:
+        args = get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_describe(args[0])}s"
+        return f"a list of {len(args)} {_describe(args[0])}s"
     return "a number" if hint is float else f"a{'n' if hint is int else ''} {hint.__name__}"
 
 
-def _check_types(config: ModelConfig) -> None:
-    """Every field holds a value of its annotated type (config.json is user input)."""
+def _options(hint: Any) -> tuple[Any, ...]:
+    """The alternatives of a union annotation (``int | None`` -> int, NoneType)."""
+    return get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+
+
+def _check_types(config: Any) -> None:
+    """Every field holds a value of its annotated type (config files are user input)."""
     hints = get_type_hints(type(config))
     for field in dataclasses.fields(config):
         value, hint = getattr(config, field.name), hints[field.name]
-        options = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+        options = _options(hint)
         if not any(_matches(value, option) for option in options):
             wanted = " or ".join(_describe(option) for option in options)
             raise ValueError(f"{field.name} must be {wanted}, got {value!r}")
 
 
-def from_dict(data: dict[str, Any]) -> ModelConfig:
-    """Build a config from a mapping, rejecting unknown keys with a "did you mean"."""
+def _build(cls: type[T], data: Any, section: str) -> T:
+    """``cls(**data)``, rejecting unknown keys with a "did you mean" and turning JSON lists
+    into the tuples the dataclasses hold."""
     if not isinstance(data, dict):
-        raise ValueError(f"a model config must be a JSON object, got {type(data).__name__}")
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    for key in data:
+        raise ValueError(f"the {section} config must be a mapping, got {type(data).__name__}")
+    hints = get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    for key, value in data.items():
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown model config key {key!r}{hint}")
-    if "family" not in data or "vocab_size" not in data:
+            raise ValueError(f"unknown {section} config key {key!r}{hint}")
+        is_tuple = any(get_origin(o) is tuple for o in _options(hints[key]))
+        values[key] = tuple(value) if is_tuple and isinstance(value, list) else value
+    try:
+        return cls(**values)
+    except TypeError as err:  # a required field is missing
+        raise ValueError(f"{section} config: {err}") from None
+
+
+def from_dict(data: dict[str, Any]) -> ModelConfig:
+    """Build a model config from a mapping, rejecting unknown keys with a "did you mean"."""
+    if isinstance(data, dict) and ("family" not in data or "vocab_size" not in data):
         raise ValueError("a model config needs at least 'family' and 'vocab_size'")
-    return ModelConfig(**data)
+    return _build(ModelConfig, data, "model")
 
 
 def to_json(config: ModelConfig) -> str:
@@ -263,3 +295,223 @@ def preset(name: str, **changes: Any) -> ModelConfig:
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown preset {name!r}{hint} (known: {', '.join(sorted(PRESETS))})")
     return from_dict({**PRESETS[name], **changes})
+
+
+Objective = Literal["translation", "causal_lm", "masked_lm", "span_corruption"]
+
+# Each family's pretraining objective [tab:att-families] (translation: the paper's task).
+OBJECTIVES: dict[str, Objective] = {
+    "transformer": "translation",
+    "gpt": "causal_lm",
+    "bert": "masked_lm",
+    "t5": "span_corruption",
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train: optimiser, schedule, budget, precision, checkpoints."""
+
+    objective: Objective | None = None  # None = the family's own
+    max_steps: int = 1000  # optimiser steps
+    time_budget: float | None = None  # seconds of training; stops at whichever comes first
+    batch_tokens: int = 4096  # per optimiser step and process (the paper: ~25,000)
+    grad_accum: int = 1  # micro-batches per optimiser step (each of batch_tokens / grad_accum)
+    optimizer: Literal["adam", "adamw"] = "adam"
+    lr: float = 2.0  # peak learning rate, or the Noam multiplier when schedule = "noam"
+    betas: tuple[float, float] = (0.9, 0.98)  # the paper's
+    eps: float = 1e-9  # the paper's
+    weight_decay: float = 0.0
+    schedule: Literal["noam", "cosine", "constant"] = "noam"
+    warmup: int = 4000  # steps
+    min_lr_ratio: float = 0.1  # cosine: floor as a fraction of the peak
+    clip_norm: float | None = 1.0  # gradient clipping; None = off
+    label_smoothing: float = 0.1  # translation only (the paper's ε_ls)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # bf16/fp16: autocast (fp16 on GPU, with a scaler)
+    seed: int = 0
+    checkpoint_every: int = 500  # steps
+    keep_checkpoints: int = 5  # the last k complete checkpoints are kept
+    eval_every: int = 500  # steps; 0 = only at the end
+    eval_batches: int = 20  # validation batches per evaluation
+    log_every: int = 10  # steps between metric lines
+    distributed: Literal["ddp", "fsdp"] = "ddp"  # under torchrun
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        for name in (
+            "max_steps",
+            "batch_tokens",
+            "grad_accum",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "eval_batches",
+            "log_every",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if self.schedule == "noam" and self.warmup < 1:
+            raise ValueError("train.warmup must be >= 1 with the Noam schedule (it divides by warmup^1.5)")
+        if self.lr <= 0 or self.eps <= 0 or self.weight_decay < 0:
+            raise ValueError(f"train.lr ({self.lr}) and train.eps ({self.eps}) must be > 0, weight_decay >= 0")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"train.betas must be in [0, 1), got {self.betas}")
+        if not 0.0 <= self.label_smoothing < 1.0 or not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError("train.label_smoothing must be in [0, 1) and train.min_lr_ratio in [0, 1]")
+        if self.time_budget is not None and self.time_budget <= 0:
+            raise ValueError(f"train.time_budget must be > 0 seconds, got {self.time_budget}")
+        if self.clip_norm is not None and self.clip_norm <= 0:
+            raise ValueError(f"train.clip_norm must be > 0 or null, got {self.clip_norm}")
+        if self.batch_tokens < self.grad_accum:
+            raise ValueError(
+                f"train.batch_tokens ({self.batch_tokens}) must be >= train.grad_accum ({self.grad_accum})"
+            )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What to train on. ``path``: plain-text files (one document or sentence per line) for the
+    language-model objectives, tab-separated source/target files for translation."""
+
+    corpus: Literal["files"] = "files"
+    path: tuple[str, ...] = ()
+    tokenizer: str | None = None  # a tokenizer.json to use; None = train a byte-level BPE on the data
+    vocab_size: int = 8000  # when training the tokenizer
+    max_tokens: int = 128  # longer examples are truncated
+    valid_fraction: float = 0.02  # held out for evaluation
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.vocab_size < 300 or self.max_tokens < 4:
+            raise ValueError(
+                f"data.vocab_size must be >= 300 (bytes + specials) and data.max_tokens >= 4, got "
+                f"{self.vocab_size} and {self.max_tokens}"
+            )
+        if not 0.0 < self.valid_fraction < 0.5:
+            raise ValueError(f"data.valid_fraction must be in (0, 0.5), got {self.valid_fraction}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a training run needs; saved as ``config.json`` in the run directory."""
+
+    model: ModelConfig
+    train: TrainConfig = TrainConfig()
+    data: DataConfig = DataConfig()
+
+    @property
+    def objective(self) -> Objective:
+        return self.train.objective or OBJECTIVES[self.model.family]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def run_from_dict(data: Any) -> RunConfig:
+    if not isinstance(data, dict):
+        raise ValueError(f"a run config must be a mapping, got {type(data).__name__}")
+    unknown = sorted(set(data) - {"model", "train", "data"})
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], ["model", "train", "data"], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown run config section {unknown[0]!r}{hint} (sections: model, train, data)")
+    if "model" not in data:
+        raise ValueError("a run config needs a 'model' section")
+    return RunConfig(
+        model=from_dict(data["model"]),
+        train=_build(TrainConfig, data.get("train", {}), "train"),
+        data=_build(DataConfig, data.get("data", {}), "data"),
+    )
+
+
+# The usual optimisation of each family, for its pretraining objective.
+TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "transformer": {},  # the paper: Adam (0.9, 0.98, 1e-9), Noam, label smoothing 0.1
+    "gpt": dict(
+        optimizer="adamw", lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, schedule="cosine", warmup=2000
+    ),
+    "bert": dict(
+        optimizer="adamw", lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, schedule="cosine", warmup=10000
+    ),
+    "t5": dict(optimizer="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, schedule="cosine", warmup=1000),
+}
+
+
+def run_preset(name: str) -> RunConfig:
+    """A run config for a model preset: the family's objective and usual optimisation."""
+    model = preset(name)
+    return RunConfig(model=model, train=TrainConfig(**TRAIN_DEFAULTS[model.family]))
+
+
+def _parse_scalar(text: str, hint: Any, key: str) -> Any:
+    for option in _options(hint):
+        if option is type(None) and text.lower() in ("null", "none"):
+            return None
+        if option is bool and text.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return text.lower() in ("true", "1", "yes")
+        if option is int:
+            try:
+                return int(text)
+            except ValueError:
+                continue
+        if option is float:
+            try:
+                return float(text)
+            except ValueError:
+                continue
+        if get_origin(option) is tuple:
+            args = get_args(option)
+            items = [t for t in text.split(",") if t] if text else []
+            element = args[0]
+            return tuple(_parse_scalar(t.strip(), element, key) for t in items)
+        if option is str or (get_origin(option) is Literal and text in get_args(option)):
+            return text
+    wanted = " or ".join(_describe(o) for o in _options(hint))
+    raise ValueError(f"--{key}={text}: expected {wanted}")
+
+
+def apply_overrides(run: RunConfig, overrides: dict[str, str]) -> RunConfig:
+    """Apply typed ``section.key=value`` overrides (strings from the command line), each
+    checked against the field's type, with a "did you mean" on unknown keys."""
+    data = run.to_dict()
+    sections = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
+    all_keys = [f"{s}.{f.name}" for s, cls in sections.items() for f in dataclasses.fields(cls)]
+    for key, text in overrides.items():
+        section, _, name = key.partition(".")
+        if section not in sections or name not in {f.name for f in dataclasses.fields(sections[section])}:
+            same_name = [k for k in all_keys if k.endswith(f".{name}")]  # right key, wrong section
+            close = same_name or difflib.get_close_matches(key, all_keys, n=1)
+            hint = f"; did you mean --{close[0]}?" if close else ""
+            raise ValueError(f"unknown option --{key}{hint}")
+        data[section][name] = _parse_scalar(text, get_type_hints(sections[section])[name], key)
+    return run_from_dict(data)
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """A run config from a JSON or YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file {path} not found") from None
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ValueError("reading YAML needs PyYAML: pip install 'attnkit[yaml]'") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ValueError(f"{path} is not valid YAML: {err}") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON: {err}") from None
+    try:
+        return run_from_dict(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None

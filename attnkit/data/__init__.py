@@ -1,0 +1,1 @@
+"""Text in, token ids out: corpora, tokenizers, batching."""
