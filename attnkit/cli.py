@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from attnkit import __version__
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from attnkit.models.core import Model
+
+_T = TypeVar("_T")
 
 
 def _smoke(args: argparse.Namespace) -> int:
@@ -50,6 +59,274 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_for(directory: str, command: str) -> Model:
+    """The model of ``directory``, refused with a pointer to the right command when its family
+    does not fit ``command``."""
+    import attnkit
+
+    model = attnkit.from_pretrained(directory)
+    cfg = model.config
+    if cfg.family == "bert":
+        raise ValueError(
+            f"{directory} holds a BERT encoder, which does not {command}; use attnkit fill-mask for [MASK] predictions"
+        )
+    if command == "generate" and cfg.is_encoder_decoder:
+        raise ValueError(
+            f"{directory} holds an encoder-decoder ({cfg.family}) model; generate continues decoder-only models, "
+            f"use: attnkit translate --model {directory}"
+        )
+    if command == "translate" and not cfg.is_encoder_decoder:
+        raise ValueError(
+            f"{directory} holds a decoder-only ({cfg.family}) model; translate needs an encoder-decoder, "
+            f"use: attnkit generate --model {directory}"
+        )
+    return model
+
+
+def _tokenizer(model: Model, directory: str, ids_hint: bool) -> Tokenizer:
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        hint = ', or pass token ids with --ids "1 2 3"' if ids_hint else ""
+        raise ValueError(
+            f"{directory} has no tokenizer.json, so text cannot be encoded; put the model's tokenizer.json there "
+            f"(save_pretrained writes model.tokenizer){hint}"
+        )
+    return tokenizer
+
+
+def _decoding_options(args: argparse.Namespace, vocab_size: int) -> dict:
+    """``generate`` keyword arguments from the decoding flags, each checked with the flag's name."""
+    for flag, value in [("--max-new-tokens", args.max_new_tokens), ("--num-beams", args.num_beams)]:
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.temperature is not None and not args.temperature > 0:
+        raise ValueError(f"--temperature must be > 0, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    flags = {"--temperature": args.temperature, "--top-k": args.top_k, "--top-p": args.top_p}
+    set_without_sampling = [flag for flag, value in flags.items() if value is not None]
+    if set_without_sampling and not args.do_sample:
+        verb = "applies" if len(set_without_sampling) == 1 else "apply"
+        raise ValueError(f"{', '.join(set_without_sampling)} {verb} only when sampling; add --do-sample")
+    if args.do_sample and args.num_beams > 1:
+        raise ValueError(f"--do-sample samples one path per input; use --num-beams 1 (got {args.num_beams})")
+    for flag, value in [("--eos-id", args.eos_id), ("--pad-id", args.pad_id)]:
+        if value is not None and not 0 <= value < vocab_size:
+            raise ValueError(f"{flag} must be a token id in [0, {vocab_size}), got {value}")
+    return dict(
+        max_new_tokens=args.max_new_tokens,
+        num_beams=args.num_beams,
+        length_penalty=args.length_penalty,
+        length_penalty_style=args.length_penalty_style,
+        do_sample=args.do_sample,
+        temperature=1.0 if args.temperature is None else args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        eos_token_id=args.eos_id,
+        pad_token_id=args.pad_id,
+    )
+
+
+def _input_lines(args: argparse.Namespace, given: list[str] | None) -> Iterator[str]:
+    """The inputs, one per line: from the command line, else ``--input FILE``, else standard
+    input, read lazily so that a batch is decoded as soon as its lines have arrived."""
+    if given:
+        yield from given
+        return
+    if args.input is not None:
+        from pathlib import Path
+
+        if not Path(args.input).is_file():
+            raise FileNotFoundError(f"--input {args.input} is not a file")
+        with open(args.input, encoding="utf-8") as stream:
+            for line in stream:
+                yield line.rstrip("\r\n")
+        return
+    if sys.stdin.isatty():
+        print(f"attnkit {args.command}: reading one input per line from standard input (Ctrl-D ends)", file=sys.stderr)
+    for line in sys.stdin:
+        yield line.rstrip("\r\n")
+
+
+def _batches(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
+    batch: list[_T] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _encode(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, special tokens included, without any padding the tokenizer adds."""
+    return [[i for i, m in zip(e.ids, e.attention_mask, strict=True) if m] for e in tokenizer.encode_batch(texts)]
+
+
+def _until_eos(tokens: list[int], eos: int | None) -> list[int]:
+    """The generated tokens before the first end token (the rest is padding)."""
+    return tokens[: tokens.index(eos)] if eos is not None and eos in tokens else tokens
+
+
+def _one_line(text: str) -> str:
+    """One output line per input: newlines inside a text are written as a literal ``\\n``."""
+    return text.replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\n")
+
+
+def _emit(lines: list[str]) -> None:
+    print("\n".join(lines), flush=True)  # each batch as soon as it is decoded
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import torch
+
+    model = _load_for(args.model, "generate")
+    cfg = model.config
+    options = _decoding_options(args, cfg.vocab_size)
+    eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
+    pad = cfg.pad_token_id if args.pad_id is None else args.pad_id
+    tokenizer = None
+    if args.ids is not None:
+        inputs: Iterable = [_parse_ids(text) for text in args.ids]
+    else:
+        tokenizer = _tokenizer(model, args.model, ids_hint=True)
+        inputs = _input_lines(args, args.prompt)
+    for index, batch in enumerate(_batches(inputs, args.batch_size)):
+        prompts = batch if tokenizer is None else _encode(tokenizer, batch)
+        for n, prompt in enumerate(prompts):
+            if not prompt:
+                if cfg.bos_token_id is None:
+                    raise ValueError(
+                        f"prompt {index * args.batch_size + n + 1} is empty and the model has no bos_token_id "
+                        "to start from; give it some text"
+                    )
+                prompt.append(cfg.bos_token_id)
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(prompts):  # left padding: every prompt ends at column width - 1
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        seed = None if args.seed is None else args.seed + index
+        out = model.generate(ids, mask, seed=seed, **options)
+        lines = []
+        for row, prompt in enumerate(prompts):
+            new = _until_eos(out[row, width:].tolist(), eos)
+            tokens = new if args.only_new else prompt + new
+            if tokenizer is None:
+                lines.append(" ".join(map(str, tokens)))
+            else:
+                lines.append(_one_line(tokenizer.decode(tokens, skip_special_tokens=True)))
+        _emit(lines)
+    return 0
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(token) for token in text.split()]
+    except ValueError:
+        raise ValueError(f"--ids takes space-separated integer token ids, got {text!r}") from None
+    if not ids:
+        raise ValueError("--ids needs at least one token id")
+    return ids
+
+
+def _translate(args: argparse.Namespace) -> int:
+    import torch
+
+    model = _load_for(args.model, "translate")
+    cfg = model.config
+    if args.num_beams is None:
+        args.num_beams = 1 if args.do_sample else 4
+    if args.length_penalty is None:
+        args.length_penalty = 0.6
+    if args.source_length_offset < 0:
+        raise ValueError(f"--source-length-offset must be >= 0, got {args.source_length_offset}")
+    options = _decoding_options(args, cfg.vocab_size)
+    eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
+    pad = cfg.pad_token_id if args.pad_id is None else args.pad_id
+    tokenizer = _tokenizer(model, args.model, ids_hint=False)
+    for index, batch in enumerate(_batches(_input_lines(args, args.text), args.batch_size)):
+        lines = [""] * len(batch)  # empty sources give empty lines
+        rows = [n for n, text in enumerate(batch) if text.strip()]
+        sources = _encode(tokenizer, [batch[n] for n in rows])
+        rows, sources = [n for n, s in zip(rows, sources, strict=True) if s], [s for s in sources if s]
+        for source in sources:  # a source ends with the end token, as in training (Marian's, T5's, attnkit's)
+            if eos is not None and source[-1] != eos:
+                source.append(eos)
+        if sources:
+            width = max(len(s) for s in sources)
+            ids = torch.full((len(sources), width), pad, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for row, source in enumerate(sources):
+                ids[row, : len(source)] = torch.tensor(source)
+                mask[row, : len(source)] = 1
+            seed = None if args.seed is None else args.seed + index
+            out = model.generate(ids, mask, seed=seed, source_length_offset=args.source_length_offset, **options)
+            for row, (n, source) in enumerate(zip(rows, sources, strict=True)):
+                # Drop the start token; keep at most source length + offset tokens, up to the end token.
+                new = _until_eos(out[row, 1 : 1 + len(source) + args.source_length_offset].tolist(), eos)
+                lines[n] = _one_line(tokenizer.decode(new, skip_special_tokens=True))
+        _emit(lines)
+    return 0
+
+
+def _add_decoding_flags(
+    parser: argparse.ArgumentParser, max_new_tokens: int, num_beams: int | None, length_penalty: float | None
+) -> None:
+    group = parser.add_argument_group("decoding")
+    group.add_argument(
+        "--max-new-tokens",
+        metavar="N",
+        type=int,
+        default=max_new_tokens,
+        help=f"most tokens generated (default {max_new_tokens})",
+    )
+    group.add_argument(
+        "--num-beams",
+        metavar="K",
+        type=int,
+        default=num_beams,
+        help="beams; 1 = greedy (default "
+        + ("4, or 1 with --do-sample" if num_beams is None else str(num_beams))
+        + ")",
+    )
+    group.add_argument(
+        "--length-penalty",
+        metavar="ALPHA",
+        type=float,
+        default=length_penalty,
+        help="length penalty alpha for beam search; 0 = none (default "
+        + ("0.6" if length_penalty is None else str(length_penalty))
+        + ")",
+    )
+    group.add_argument(
+        "--length-penalty-style",
+        choices=["gnmt", "power"],
+        default="gnmt",
+        help="gnmt: ((5+|Y|)/6)^alpha, the paper's; power: |Y|^alpha, Hugging Face's (default gnmt)",
+    )
+    group.add_argument("--do-sample", action="store_true", help="sample instead of taking the most likely token")
+    group.add_argument("--temperature", metavar="T", type=float, help="sampling temperature > 0 (default 1.0)")
+    group.add_argument("--top-k", metavar="K", type=int, help="sample among the k most likely tokens")
+    group.add_argument(
+        "--top-p", metavar="P", type=float, help="sample from the smallest set of tokens with mass >= p, in (0, 1]"
+    )
+    group.add_argument(
+        "--seed", metavar="S", type=int, help="sampling seed, for reproducible samples (batch i uses seed + i)"
+    )
+    group.add_argument(
+        "--eos-id", metavar="ID", type=int, help="end-of-sequence token id (default: the model config's)"
+    )
+    group.add_argument("--pad-id", metavar="ID", type=int, help="padding token id (default: the model config's)")
+    parser.add_argument("--batch-size", metavar="N", type=int, default=16, help="inputs decoded together (default 16)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
@@ -84,6 +361,66 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--to", choices=["hf", "attnkit"], help="output format (default: the other one)")
     convert.add_argument("--force", action="store_true", help="replace a non-empty DST")
     convert.set_defaults(run=_convert)
+
+    generate = sub.add_parser(
+        "generate",
+        help="continue prompts with a decoder-only model (GPT)",
+        description="Continue each prompt with a decoder-only model; print one line per prompt, in input order:\n"
+        "the prompt and its continuation (only the continuation with --only-new), decoded with the\n"
+        "directory's tokenizer.json, special tokens skipped, newlines inside a text written as \\n.\n"
+        "Prompts come from --prompt, else --input FILE, else standard input, one per line; each batch\n"
+        "is printed as soon as it is decoded (--batch-size 1 answers line by line). With --ids the\n"
+        "prompts and the output are token ids. An empty prompt starts from the model's bos_token_id.\n"
+        "Greedy by default; --num-beams N for beam search, --do-sample to sample.",
+        epilog="examples:\n"
+        '  attnkit generate --model ./gpt2 --prompt "Attention is" --max-new-tokens 20\n'
+        "  attnkit generate --model ./gpt2 --do-sample --top-p 0.9 --seed 0 < prompts.txt\n"
+        '  attnkit generate --model ./gpt2 --ids "464 3241 318" --only-new',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    generate.add_argument("--model", required=True, metavar="DIR", help="model directory (attnkit's or Hugging Face's)")
+    source = generate.add_mutually_exclusive_group()
+    source.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for several)")
+    source.add_argument("--ids", action="append", metavar='"ID ID ..."', help="a prompt as token ids (repeatable)")
+    source.add_argument("--input", metavar="FILE", help="prompts, one per line (default: standard input)")
+    generate.add_argument("--only-new", action="store_true", help="print only the continuation, not the prompt")
+    _add_decoding_flags(generate, max_new_tokens=50, num_beams=1, length_penalty=0.0)
+    generate.set_defaults(run=_generate)
+
+    translate = sub.add_parser(
+        "translate",
+        help="translate lines with an encoder-decoder model (Transformer, Marian, T5)",
+        description="Translate each source with an encoder-decoder model; print one line per source, in input\n"
+        "order (an empty source gives an empty line), decoded with the directory's tokenizer.json, the\n"
+        "start and special tokens skipped, newlines inside a text written as \\n. Sources are the TEXT\n"
+        "arguments, else --input FILE, else standard input, one per line; each batch of --batch-size\n"
+        "is printed as soon as it is decoded. Each source ends with the end token, appended where the\n"
+        "tokenizer does not add it (attnkit's translation objective trains on source + eos).\n"
+        "The defaults are the paper's (Vaswani et al. 2017, section 6.1): beam search with 4 beams,\n"
+        "length penalty alpha = 0.6 in the gnmt form ((5+|Y|)/6)^alpha, and at most source length + 50\n"
+        "tokens (--source-length-offset).",
+        epilog="examples:\n"
+        '  attnkit translate --model ./opus-mt-en-de "Attention is all you need."\n'
+        "  attnkit translate --model ./opus-mt-en-de --batch-size 32 < news.en > news.de\n"
+        "  attnkit translate --model ./my-run-model --num-beams 1 --input test.src",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    translate.add_argument(
+        "--model", required=True, metavar="DIR", help="model directory (attnkit's or Hugging Face's)"
+    )
+    translate.add_argument(
+        "text", nargs="*", metavar="TEXT", help="sources to translate (default: --input FILE or standard input)"
+    )
+    translate.add_argument("--input", metavar="FILE", help="sources, one per line, when no TEXT is given")
+    _add_decoding_flags(translate, max_new_tokens=256, num_beams=None, length_penalty=None)
+    translate.add_argument(
+        "--source-length-offset",
+        type=int,
+        default=50,
+        metavar="N",
+        help="stop each translation at its source length + N tokens (default 50, the paper's)",
+    )
+    translate.set_defaults(run=_translate)
     return parser
 
 
@@ -98,3 +435,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"attnkit: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`attnkit translate ... | head`): stop quietly
+        if args.debug:
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again
+        return 1
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        return 130

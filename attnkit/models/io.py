@@ -23,6 +23,7 @@ from attnkit.config import ModelConfig, from_dict
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
+TOKENIZER = "tokenizer.json"
 FORMAT = "attnkit"
 FORMAT_VERSION = 1
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -84,6 +85,20 @@ def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str
             p.copy_(tensors[name])
 
 
+def attach_tokenizer(model: torch.nn.Module, directory: Path) -> None:
+    """Set ``model.tokenizer`` (a ``tokenizers.Tokenizer``) from ``directory/tokenizer.json``
+    where the directory has one, attnkit's or Hugging Face's."""
+    path = directory / TOKENIZER
+    if not path.exists():
+        return
+    from tokenizers import Tokenizer
+
+    try:
+        model.tokenizer = Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises a bare Exception for a file it cannot read
+        raise ValueError(f"{path} is not a tokenizer the tokenizers library reads ({err})") from None
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -137,7 +152,7 @@ def save_pretrained(model: torch.nn.Module, path: str | Path, overwrite: bool = 
     }
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None:
-        files["tokenizer.json"] = tokenizer.to_str().encode()
+        files[TOKENIZER] = tokenizer.to_str().encode()
     write_directory(path, files, overwrite)
 
 
@@ -169,9 +184,5 @@ def from_pretrained(path: str | Path) -> torch.nn.Module:
     tensors = read_safetensors(directory)
     model = build_model(config)
     load_weights(model, tensors, str(directory))
-    tokenizer_file = directory / "tokenizer.json"
-    if tokenizer_file.exists():
-        from tokenizers import Tokenizer
-
-        model.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    attach_tokenizer(model, directory)
     return model.eval()

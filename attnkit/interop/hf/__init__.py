@@ -19,7 +19,15 @@ from typing import Any
 import torch
 
 from attnkit.interop.hf import bert, gpt2, marian, t5
-from attnkit.models.io import CONFIG, WEIGHTS, load_weights, read_safetensors, write_directory
+from attnkit.models.io import (
+    CONFIG,
+    TOKENIZER,
+    WEIGHTS,
+    attach_tokenizer,
+    load_weights,
+    read_safetensors,
+    write_directory,
+)
 
 CONVERTERS: dict[str, ModuleType] = {"gpt2": gpt2, "bert": bert, "t5": t5, "marian": marian}
 EXPORTS: dict[str, ModuleType] = {"gpt": gpt2, "bert": bert, "t5": t5, "transformer": marian}
@@ -49,6 +57,7 @@ def load_hf(directory: Path, data: dict[str, Any]) -> torch.nn.Module:
         raise ValueError(f"cannot load {directory}: {err}") from None
     model = build_model(config)
     load_weights(model, weights, str(directory))
+    attach_tokenizer(model, directory)
     return model.eval()
 
 
@@ -63,6 +72,9 @@ def export_hf(model: torch.nn.Module, path: str | Path, overwrite: bool = False)
         CONFIG: (json.dumps(hf_config, indent=2, sort_keys=True) + "\n").encode(),
         WEIGHTS: {k: v.detach().clone().contiguous() for k, v in tensors.items()},
     }
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None:
+        files[TOKENIZER] = tokenizer.to_str().encode()
     write_directory(path, files, overwrite)
 
 

@@ -1,0 +1,222 @@
+"""Token-budget batching with length bucketing, as the paper's batches of "approximately
+25000 source tokens and 25000 target tokens".
+
+A batch is a list of example indices. Its padded size is ``max(cost) * len(batch)``, where
+``cost`` is the per-example number the caller passes as ``lengths``:
+
+* one sequence per example (language modelling, BERT): its length in tokens;
+* a source/target pair: ``max(len(src), len(tgt))`` bounds each side's padded size by the
+  budget, the paper's reading (25000 source *and* 25000 target tokens);
+  ``len(src) + len(tgt)`` bounds the two sides together.
+
+Count the special tokens the objective adds (``<s>``, ``</s>``) in the lengths.
+
+Everything is a pure function of ``(lengths, batch_tokens, seed, epoch)``, so a run that stops
+and resumes from :meth:`BatchIterator.state_dict` sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+
+class EpochBatches(Protocol):
+    """Anything with a list of batches per epoch: :class:`TokenBatches` or a shard of one."""
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]: ...
+
+
+class TokenBatches:
+    """The batches of each epoch: examples of similar length packed together, each batch's
+    padded size ``max(lengths) * n_examples <= batch_tokens``.
+
+    Each epoch orders the examples by length bucket (``length // bucket_width``), randomly
+    within a bucket, packs them greedily in that order, then shuffles the order of the batches;
+    the random draws come from a generator seeded by ``(seed, epoch)``. A batch is a run of
+    consecutive buckets, usually one or two, so where each bucket holds a batch's worth of
+    examples lengths in a batch differ by less than ``2 * bucket_width``. ``bucket_width=1``
+    packs exactly sorted lengths (least padding, least variety between epochs); wider buckets
+    trade a little padding for batches that differ from epoch to epoch.
+    With ``shuffle=False`` (validation) ties keep index order, batches run from short to long,
+    and every epoch is the same.
+
+    An example whose length alone exceeds ``batch_tokens`` is not dropped or cut: it gets a
+    batch of its own (truncate upstream if that batch would not fit in memory).
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        batch_tokens: int,
+        seed: int,
+        shuffle: bool = True,
+        bucket_width: int = 8,
+    ) -> None:
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if self.lengths.ndim != 1 or self.lengths.size == 0:
+            raise ValueError("lengths must be a non-empty sequence of integers, one per example")
+        if self.lengths.min() < 1:
+            i = int(self.lengths.argmin())
+            raise ValueError(
+                f"lengths[{i}] = {self.lengths[i]}; every example needs length >= 1 (drop empty examples, "
+                "and count the special tokens the objective adds)"
+            )
+        if batch_tokens < 1:
+            raise ValueError(f"batch_tokens={batch_tokens} must be >= 1 (the paper used about 25000)")
+        if seed < 0:
+            raise ValueError(f"seed={seed} must be >= 0")
+        if bucket_width < 1:
+            raise ValueError(f"bucket_width={bucket_width} must be >= 1 (1 = sort by exact length)")
+        self.batch_tokens = batch_tokens
+        self.seed = seed
+        self.shuffle = shuffle
+        self.bucket_width = bucket_width
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """The batches of ``epoch``, in the order they are trained on; every example once."""
+        if epoch < 0:
+            raise ValueError(f"epoch={epoch} must be >= 0")
+        rng = np.random.default_rng([self.seed, epoch])
+        n = len(self.lengths)
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        order = order[np.argsort(self.lengths[order] // self.bucket_width, kind="stable")]  # by bucket, ties as drawn
+        batches = pack(order, self.lengths, self.batch_tokens)
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def shard(self, rank: int, world_size: int) -> ShardedBatches:
+        """Rank ``rank``'s share of every epoch, for data parallelism over ``world_size`` processes."""
+        return ShardedBatches(self, rank, world_size)
+
+    def __iter__(self) -> BatchIterator:
+        return BatchIterator(self)
+
+
+class ShardedBatches:
+    """Rank ``r`` of ``W`` takes batches ``r, r + W, r + 2W, ...`` of each epoch's list.
+
+    ``batch_tokens`` is thus the budget of one rank. Step ``i`` of the ``W`` ranks together
+    trains on batches ``iW .. iW + W - 1``: the examples a single process with the same
+    ``batch_tokens`` sees in ``W`` consecutive steps. So ``W`` ranks equal one process that
+    accumulates gradients over ``W`` batches, and approximate one process with ``W`` times the
+    budget: the same number of tokens per update, packed into ``W`` batches instead of one.
+
+    Every rank gets the same number of non-empty batches per epoch, as collective training
+    needs: when an epoch's batch count is not a multiple of ``W``, the batches holding the most
+    examples are first halved (shorter half first) until it is, and the equivalence above
+    holds for that list. The ranks' batches are disjoint and together hold every example once.
+    """
+
+    def __init__(self, unsharded: TokenBatches, rank: int, world_size: int) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size={world_size} must be >= 1")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        n_examples = len(unsharded.lengths)
+        if n_examples < world_size:
+            raise ValueError(
+                f"{n_examples} examples cannot give each of world_size={world_size} ranks a batch; "
+                "use fewer ranks or more data"
+            )
+        self.unsharded = unsharded
+        self.rank = rank
+        self.world_size = world_size
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """This rank's batches of ``epoch``, in order."""
+        batches = self.unsharded.epoch_batches(epoch)
+        lengths = self.unsharded.lengths
+        needed = -len(batches) % self.world_size
+        if needed > len(lengths) - len(batches):  # each halving needs a batch of two or more examples
+            raise ValueError(
+                f"epoch {epoch} packs {len(batches)} batches from {len(lengths)} examples, too few to give each of "
+                f"{self.world_size} ranks a batch at every step; raise batch_tokens (most batches hold a single "
+                "example) or use fewer ranks"
+            )
+        for _ in range(needed):
+            largest = max(range(len(batches)), key=lambda i: len(batches[i]))
+            by_length = sorted(batches[largest], key=lambda i: lengths[i])
+            half = len(by_length) // 2
+            batches[largest : largest + 1] = [by_length[:half], by_length[half:]]
+        return batches[self.rank :: self.world_size]
+
+    def __iter__(self) -> BatchIterator:
+        return BatchIterator(self)
+
+
+class BatchIterator:
+    """Endless iteration over the epochs of ``source`` (a :class:`TokenBatches` or a shard of
+    one), with a position that can be saved and restored: after ``load_state_dict(s)`` the
+    iterator yields exactly what the iterator that produced ``s`` would have yielded next."""
+
+    def __init__(self, source: EpochBatches) -> None:
+        self.source = source
+        self.epoch = 0
+        self.batch = 0  # index of the next batch within the epoch
+        self._cached: tuple[int, list[list[int]]] | None = None  # (epoch, its batches)
+
+    def _batches_of(self, epoch: int) -> list[list[int]]:
+        if self._cached is None or self._cached[0] != epoch:
+            self._cached = (epoch, self.source.epoch_batches(epoch))
+        return self._cached[1]
+
+    def __iter__(self) -> BatchIterator:
+        return self
+
+    def __next__(self) -> list[int]:
+        if self.batch >= len(self._batches_of(self.epoch)):
+            self.epoch, self.batch = self.epoch + 1, 0
+        self.batch += 1
+        return self._batches_of(self.epoch)[self.batch - 1]
+
+    def state_dict(self) -> dict[str, int]:
+        """The position of the next batch: ``{"epoch": e, "batch": i}``."""
+        return {"epoch": self.epoch, "batch": self.batch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a position returned by :meth:`state_dict`; a bad one changes nothing."""
+        if set(state) != {"epoch", "batch"}:
+            raise ValueError(f"a batch position has the keys epoch and batch, got {sorted(state)}")
+        epoch, batch = state["epoch"], state["batch"]
+        if not (isinstance(epoch, int) and isinstance(batch, int) and epoch >= 0 and batch >= 0):
+            raise ValueError(f"epoch and batch must be integers >= 0, got epoch={epoch!r}, batch={batch!r}")
+        n_batches = len(self._batches_of(epoch))
+        if batch > n_batches:
+            raise ValueError(
+                f"batch={batch} is past the end of epoch {epoch} ({n_batches} batches); the position was saved "
+                "with other data, batch_tokens, seed or world_size"
+            )
+        self.epoch, self.batch = epoch, batch
+
+
+def pack(order: Sequence[int], lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Cut ``order`` greedily into batches with ``max(lengths) * len(batch) <= batch_tokens``;
+    an example longer than ``batch_tokens`` goes alone."""
+    order = np.asarray(order, dtype=np.int64)
+    cuts = []
+    start = longest = 0
+    for end, length in enumerate(np.asarray(lengths)[order].tolist()):
+        longest = max(longest, length)
+        if end > start and longest * (end - start + 1) > batch_tokens:
+            cuts.append(end)
+            start, longest = end, length
+    return [batch.tolist() for batch in np.split(order, cuts)]
+
+
+def split_train_valid(n: int, valid_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Indices of ``n`` examples split at random, as a function of ``seed`` alone, into
+    ``(train, valid)``, each in increasing order. ``valid`` holds ``round(n * valid_fraction)``
+    examples, at least one when ``valid_fraction > 0``."""
+    if not 0 <= valid_fraction < 1:
+        raise ValueError(f"valid_fraction={valid_fraction} must be in [0, 1), e.g. 0.01")
+    if seed < 0:
+        raise ValueError(f"seed={seed} must be >= 0")
+    n_valid = max(1, round(n * valid_fraction)) if valid_fraction > 0 else 0
+    if n - n_valid < 1:
+        raise ValueError(f"n={n} examples leave none for training with valid_fraction={valid_fraction}")
+    permutation = np.random.default_rng(seed).permutation(n)
+    return sorted(permutation[n_valid:].tolist()), sorted(permutation[:n_valid].tolist())

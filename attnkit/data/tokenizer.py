@@ -1,0 +1,103 @@
+"""One byte-level BPE vocabulary shared by source and target, as the paper's shared BPE.
+
+The tokenizer is a Hugging Face ``tokenizers.Tokenizer``: a ``ByteLevel`` pre-tokenizer
+(GPT-2's: text is read as UTF-8 bytes, so nothing is ever out of vocabulary), a BPE model
+learnt over those bytes, and a ``ByteLevel`` decoder. ``add_prefix_space=False``: a space is
+never invented before the first word, so ``decode(encode(text)) == text`` exactly; the cost
+is that a sentence's first word is tokenized without its leading ``Ġ``, as in GPT-2. There is
+no normalizer: text is kept as written, accents included (NFC and NFD spellings of the same
+word stay different byte sequences).
+
+The special tokens of :mod:`attnkit.data.specials` come first, at ids 0..36, and are added
+tokens: BPE never splits them, and ``<mask>`` written in a text encodes to its one id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, pre_tokenizers
+from tokenizers.models import BPE
+from tokenizers.trainers import BpeTrainer
+
+from attnkit.data.specials import BOS, EOS, MASK, N_SENTINELS, PAD, SPECIAL_TOKENS, UNK, Specials, sentinel
+
+BYTE_ALPHABET_SIZE = 256
+MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + BYTE_ALPHABET_SIZE  # 293: the specials and every byte, before any merge
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """Learn a byte-level BPE vocabulary of at most ``vocab_size`` entries from ``texts``
+    (fewer when the corpus runs out of pairs to merge). Source and target texts of a
+    translation corpus go in together, giving one shared vocabulary.
+
+    The same texts in the same order give the same tokenizer, byte for byte in ``to_str()``.
+    """
+    if isinstance(texts, str):
+        raise TypeError("texts must be an iterable of strings, got one str; wrap it in a list")
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(
+            f"vocab_size={vocab_size} cannot hold the {len(SPECIAL_TOKENS)} special tokens and the "
+            f"{BYTE_ALPHABET_SIZE}-byte alphabet; use vocab_size >= {MIN_VOCAB_SIZE} (the paper used about 37000)"
+        )
+    tokenizer = Tokenizer(BPE())  # no unk_token: every byte is in the alphabet
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Read a ``tokenizer.json`` (as written by ``Tokenizer.save``)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory; pass the tokenizer.json file inside it")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; pass a tokenizer.json written by Tokenizer.save")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises a bare Exception for a file it cannot read
+        raise ValueError(
+            f"{path} is not a tokenizer the tokenizers library reads ({err}); it may be truncated, "
+            "re-create it with train_tokenizer and Tokenizer.save"
+        ) from None
+
+
+def specials_of(tokenizer: Tokenizer) -> Specials:
+    """The ids of attnkit's special tokens in ``tokenizer``'s vocabulary."""
+    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    missing = [token for token, i in ids.items() if i is None]
+    if missing:
+        raise ValueError(
+            f"the tokenizer lacks the special tokens {', '.join(missing)}; "
+            "train it with attnkit.data.tokenizer.train_tokenizer, which adds all of them"
+        )
+    return Specials(
+        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+        pad=ids[PAD],
+        bos=ids[BOS],
+        eos=ids[EOS],
+        unk=ids[UNK],
+        mask=ids[MASK],
+        sentinels=tuple(ids[sentinel(i)] for i in range(N_SENTINELS)),
+    )
+
+
+def encode_batch(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text, with no special token added around them (each objective adds
+    its own); a special token written inside a text still encodes to its id."""
+    if isinstance(texts, str):
+        raise TypeError("texts must be a sequence of strings, got one str; wrap it in a list")
+    return [encoding.ids for encoding in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def decode(tokenizer: Tokenizer, ids: Iterable[int]) -> str:
+    """The text of ``ids`` (a list, or a 1-D tensor), special tokens left out."""
+    return tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)

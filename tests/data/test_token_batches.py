@@ -1,0 +1,235 @@
+"""Token-budget batches: every example once per epoch, within budget, grouped by length,
+deterministic, resumable mid-epoch, and sharded disjointly over ranks."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnkit.data.batching import TokenBatches, pack, split_train_valid
+
+rng = np.random.default_rng(0)
+LENGTHS = rng.integers(1, 200, size=3000).tolist()
+BUDGET = 2000
+
+
+def padded_size(batch: list[int], lengths: list[int]) -> int:
+    return max(lengths[i] for i in batch) * len(batch)
+
+
+def padding_fraction(batches: list[list[int]], lengths: list[int]) -> float:
+    padded = sum(padded_size(b, lengths) for b in batches)
+    return 1 - sum(lengths) / padded
+
+
+def assert_every_example_once(batches: list[list[int]], n: int) -> None:
+    flat = [i for batch in batches for i in batch]
+    assert sorted(flat) == list(range(n))
+
+
+def test_every_example_appears_once_per_epoch() -> None:
+    batches = TokenBatches(LENGTHS, BUDGET, seed=1)
+    for epoch in range(3):
+        assert_every_example_once(batches.epoch_batches(epoch), len(LENGTHS))
+
+
+def test_every_batch_is_within_the_budget() -> None:
+    for batch in TokenBatches(LENGTHS, BUDGET, seed=1).epoch_batches(0):
+        assert padded_size(batch, LENGTHS) <= BUDGET
+
+
+def test_an_example_longer_than_the_budget_gets_a_batch_of_its_own() -> None:
+    lengths = [3, 50, 4, 3, 70, 5]
+    batches = TokenBatches(lengths, batch_tokens=40, seed=0).epoch_batches(0)
+    assert_every_example_once(batches, len(lengths))
+    assert [1] in batches and [4] in batches
+    assert all(padded_size(b, lengths) <= 40 for b in batches if b not in ([1], [4]))
+
+
+def test_same_seed_same_batches_other_epoch_other_order() -> None:
+    a, b = TokenBatches(LENGTHS, BUDGET, seed=7), TokenBatches(LENGTHS, BUDGET, seed=7)
+    assert a.epoch_batches(3) == b.epoch_batches(3)
+    assert a.epoch_batches(0) != a.epoch_batches(1)
+    assert a.epoch_batches(0) != TokenBatches(LENGTHS, BUDGET, seed=8).epoch_batches(0)
+
+
+def test_without_shuffle_every_epoch_is_the_same_and_runs_short_to_long() -> None:
+    batches = TokenBatches(LENGTHS, BUDGET, seed=0, shuffle=False, bucket_width=1)
+    first = batches.epoch_batches(0)
+    assert first == batches.epoch_batches(5)
+    assert [i for batch in first for i in batch] == sorted(range(len(LENGTHS)), key=lambda i: (LENGTHS[i], i))
+
+
+def test_similar_lengths_are_batched_together() -> None:
+    bucketed = TokenBatches(LENGTHS, BUDGET, seed=0).epoch_batches(0)
+    random_order = pack(rng.permutation(len(LENGTHS)).tolist(), LENGTHS, BUDGET)
+    assert padding_fraction(bucketed, LENGTHS) < 0.05 < 0.3 < padding_fraction(random_order, LENGTHS)
+
+
+def test_lengths_in_a_batch_of_dense_data_differ_by_under_two_bucket_widths() -> None:
+    for batch in TokenBatches(LENGTHS, BUDGET, seed=3, bucket_width=8).epoch_batches(0):
+        spread = [LENGTHS[i] for i in batch]
+        assert max(spread) - min(spread) < 16
+
+
+def test_resumed_iterator_continues_with_the_same_batches() -> None:
+    batches = TokenBatches(LENGTHS, BUDGET, seed=5)
+    n_first_epoch = len(batches.epoch_batches(0))
+    uninterrupted = iter(batches)
+    stop = n_first_epoch - 10  # resume 10 batches before an epoch boundary
+    for _ in range(stop):
+        next(uninterrupted)
+    state = uninterrupted.state_dict()
+    assert state == {"epoch": 0, "batch": stop}
+    resumed = iter(TokenBatches(LENGTHS, BUDGET, seed=5))
+    resumed.load_state_dict(state)
+    assert list(itertools.islice(resumed, 30)) == list(itertools.islice(uninterrupted, 30))
+    assert resumed.state_dict() == uninterrupted.state_dict() == {"epoch": 1, "batch": 20}
+
+
+def test_iteration_runs_through_epochs_in_order() -> None:
+    lengths = [5, 6, 7, 20, 21]
+    batches = TokenBatches(lengths, batch_tokens=21, seed=2)
+    expected = batches.epoch_batches(0) + batches.epoch_batches(1) + batches.epoch_batches(2)
+    assert list(itertools.islice(iter(batches), len(expected))) == expected
+
+
+def test_a_position_from_other_data_is_refused() -> None:
+    iterator = iter(TokenBatches(LENGTHS, BUDGET, seed=5))
+    next(iterator)
+    with pytest.raises(ValueError, match="past the end of epoch 2"):
+        iterator.load_state_dict({"epoch": 2, "batch": 10**6})
+    with pytest.raises(ValueError, match="keys epoch and batch"):
+        iterator.load_state_dict({"epoch": 0})
+    with pytest.raises(ValueError, match="integers >= 0"):
+        iterator.load_state_dict({"epoch": -1, "batch": 0})
+    assert iterator.state_dict() == {"epoch": 0, "batch": 1}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+def test_shards_are_disjoint_equal_in_steps_and_cover_the_epoch(world_size: int) -> None:
+    batches = TokenBatches(LENGTHS, BUDGET, seed=4)
+    shards = [batches.shard(rank, world_size).epoch_batches(2) for rank in range(world_size)]
+    assert len({len(shard) for shard in shards}) == 1
+    assert all(batch for shard in shards for batch in shard)
+    assert_every_example_once([batch for shard in shards for batch in shard], len(LENGTHS))
+    assert all(padded_size(batch, LENGTHS) <= BUDGET for shard in shards for batch in shard)
+
+
+def test_one_step_over_ranks_is_w_consecutive_single_process_batches() -> None:
+    batches = TokenBatches(LENGTHS, BUDGET, seed=4)
+    single = batches.epoch_batches(0)
+    world_size = next(w for w in (2, 3, 4, 5, 6, 7) if len(single) % w == 0)
+    shards = [batches.shard(rank, world_size).epoch_batches(0) for rank in range(world_size)]
+    for step in range(len(shards[0])):
+        assert [shard[step] for shard in shards] == single[step * world_size : (step + 1) * world_size]
+
+
+def test_a_shard_resumes_like_the_whole() -> None:
+    shard = TokenBatches(LENGTHS, BUDGET, seed=4).shard(1, 4)
+    uninterrupted = iter(shard)
+    for _ in range(7):
+        next(uninterrupted)
+    resumed = iter(TokenBatches(LENGTHS, BUDGET, seed=4).shard(1, 4))
+    resumed.load_state_dict(uninterrupted.state_dict())
+    assert list(itertools.islice(resumed, 100)) == list(itertools.islice(uninterrupted, 100))
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 0"):
+        TokenBatches([3, 0, 2], 10, seed=0)
+    with pytest.raises(ValueError, match="batch_tokens=0"):
+        TokenBatches([3], 0, seed=0)
+    with pytest.raises(ValueError, match="non-empty"):
+        TokenBatches([], 10, seed=0)
+    with pytest.raises(ValueError, match="rank=2 must be in"):
+        TokenBatches([3, 4], 10, seed=0).shard(2, 2)
+    with pytest.raises(ValueError, match="2 examples cannot give each of world_size=3"):
+        TokenBatches([3, 4], 10, seed=0).shard(0, 3)
+
+
+def test_split_train_valid_is_deterministic_disjoint_and_complete() -> None:
+    train, valid = split_train_valid(1000, 0.05, seed=3)
+    assert (train, valid) == split_train_valid(1000, 0.05, seed=3)
+    assert valid != split_train_valid(1000, 0.05, seed=4)[1]
+    assert len(valid) == 50 and sorted(train + valid) == list(range(1000))
+    assert split_train_valid(10, 0.01, seed=0)[1] != []
+    assert split_train_valid(10, 0.0, seed=0) == (list(range(10)), [])
+    with pytest.raises(ValueError, match="valid_fraction=1"):
+        split_train_valid(10, 1, seed=0)
+    with pytest.raises(ValueError, match="leave none for training"):
+        split_train_valid(1, 0.5, seed=0)
+
+
+lengths_strategy = st.lists(st.integers(1, 64), min_size=1, max_size=150)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=lengths_strategy,
+    batch_tokens=st.integers(1, 400),
+    seed=st.integers(0, 2**32),
+    bucket_width=st.integers(1, 16),
+    epoch=st.integers(0, 5),
+    shuffle=st.booleans(),
+)
+def test_property_batches_partition_the_examples_within_budget(
+    lengths: list[int], batch_tokens: int, seed: int, bucket_width: int, epoch: int, shuffle: bool
+) -> None:
+    batches = TokenBatches(lengths, batch_tokens, seed, shuffle=shuffle, bucket_width=bucket_width)
+    epoch_batches = batches.epoch_batches(epoch)
+    assert_every_example_once(epoch_batches, len(lengths))
+    for batch in epoch_batches:
+        assert len(batch) == 1 or padded_size(batch, lengths) <= batch_tokens
+    assert epoch_batches == batches.epoch_batches(epoch)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=lengths_strategy,
+    batch_tokens=st.integers(1, 400),
+    seed=st.integers(0, 2**32),
+    world_size=st.integers(1, 5),
+    epoch=st.integers(0, 5),
+)
+def test_property_shards_partition_the_examples_in_equal_steps(
+    lengths: list[int], batch_tokens: int, seed: int, world_size: int, epoch: int
+) -> None:
+    batches = TokenBatches(lengths, batch_tokens, seed)
+    if len(lengths) < world_size:
+        with pytest.raises(ValueError, match="cannot give each"):
+            batches.shard(0, world_size)
+        return
+    n_batches = len(batches.epoch_batches(epoch))
+    if -n_batches % world_size > len(lengths) - n_batches:  # nearly every batch holds a single example
+        with pytest.raises(ValueError, match="raise batch_tokens"):
+            batches.shard(0, world_size).epoch_batches(epoch)
+        return
+    shards = [batches.shard(rank, world_size).epoch_batches(epoch) for rank in range(world_size)]
+    assert len({len(shard) for shard in shards}) == 1
+    assert all(batch for shard in shards for batch in shard)
+    assert_every_example_once([batch for shard in shards for batch in shard], len(lengths))
+    for batch in (batch for shard in shards for batch in shard):
+        assert len(batch) == 1 or padded_size(batch, lengths) <= batch_tokens
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=lengths_strategy,
+    batch_tokens=st.integers(1, 400),
+    seed=st.integers(0, 2**32),
+    stop=st.integers(0, 60),
+)
+def test_property_resume_anywhere_continues_identically(
+    lengths: list[int], batch_tokens: int, seed: int, stop: int
+) -> None:
+    uninterrupted = iter(TokenBatches(lengths, batch_tokens, seed))
+    for _ in range(stop):
+        next(uninterrupted)
+    resumed = iter(TokenBatches(lengths, batch_tokens, seed))
+    resumed.load_state_dict(uninterrupted.state_dict())
+    assert list(itertools.islice(resumed, 40)) == list(itertools.islice(uninterrupted, 40))
