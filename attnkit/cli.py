@@ -6,10 +6,12 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from attnkit import __version__
+from attnkit.config import RunConfig
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -327,6 +329,65 @@ def _add_decoding_flags(
     parser.add_argument("--batch-size", metavar="N", type=int, default=16, help="inputs decoded together (default 16)")
 
 
+def _overrides(extra: Sequence[str]) -> dict[str, str]:
+    """``--section.key=value`` or ``--section.key value`` pairs from the command line."""
+    overrides: dict[str, str] = {}
+    items = list(extra)
+    while items:
+        item = items.pop(0)
+        if not item.startswith("--") or "." not in item.split("=", 1)[0]:
+            raise ValueError(f"unrecognised argument {item!r}; config options look like --train.max_steps=100")
+        key, sep, value = item[2:].partition("=")
+        if not sep:
+            if not items or items[0].startswith("--"):
+                raise ValueError(f"--{key} needs a value, e.g. --{key}=VALUE")
+            value = items.pop(0)
+        overrides[key] = value
+    return overrides
+
+
+def _run_config(args: argparse.Namespace) -> RunConfig:
+    from attnkit.config import apply_overrides, load_run_config, run_preset
+
+    if args.config and args.preset:
+        raise ValueError("pass --preset or --config, not both")
+    if not (args.config or args.preset):
+        raise ValueError("pass --preset NAME (see --help for the list) or --config FILE")
+    run = load_run_config(args.config) if args.config else run_preset(args.preset)
+    return apply_overrides(run, _overrides(args.overrides))
+
+
+def _train(args: argparse.Namespace) -> int:
+    import json
+
+    run = _run_config(args)
+    if args.print_config:
+        print(json.dumps(run.to_dict(), indent=2))
+        return 0
+    if args.out is None:
+        raise ValueError("pass --out DIR: the run directory to write")
+    from attnkit.training.run import train
+
+    start = time.perf_counter()
+    progress, final = train(run, args.out, resume=args.resume, force=args.force, progress_bar=not args.quiet,
+                            session_steps=args.session_steps)  # fmt: skip
+    metrics = ", ".join(f"{k} {v:.4g}" for k, v in final.items() if k != "tokens")
+    print(f"step {progress.step}: {progress.tokens:,} target tokens in {progress.seconds:.0f} s of training")
+    print(f"validation: {metrics}")
+    print(f"run directory: {args.out}  (total time {time.perf_counter() - start:.0f} s)")
+    print(f"load it with attnkit.from_pretrained({str(args.out)!r}); continue it with --resume")
+    return 0
+
+
+def _average(args: argparse.Namespace) -> int:
+    from attnkit.training.average import average_checkpoints
+
+    model, used = average_checkpoints(args.run_dir, args.last)
+    model.save_pretrained(args.out, overwrite=args.force)
+    print(f"averaged {len(used)} checkpoints ({', '.join(p.name for p in used)}) into {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
@@ -361,6 +422,44 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--to", choices=["hf", "attnkit"], help="output format (default: the other one)")
     convert.add_argument("--force", action="store_true", help="replace a non-empty DST")
     convert.set_defaults(run=_convert)
+
+    from attnkit.config import PRESETS
+
+    train = sub.add_parser(
+        "train",
+        help="train a model with its family's objective on your data",
+        description="Train a preset (or a config file) on plain-text files (language models) or "
+        "tab-separated source/target files (translation). Any config value can be overridden "
+        f"as --section.key=value (sections: model, train, data). Presets: {', '.join(sorted(PRESETS))}.",
+        epilog="examples:\n"
+        "  attnkit train --preset gpt-tiny --data.path notes.txt --train.max_steps=500 --out runs/gpt\n"
+        "  attnkit train --preset transformer-tiny --data.path pairs.tsv --train.time_budget=600 --out runs/mt\n"
+        "  attnkit train --out runs/gpt --preset gpt-tiny --data.path notes.txt --resume\n"
+        "  torchrun --nproc-per-node 2 -m attnkit train --preset gpt-tiny --data.path notes.txt --out runs/ddp",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("--preset", help="a model preset (the family's objective and usual optimiser come with it)")
+    train.add_argument("--config", help="a run config file (JSON or YAML, sections model/train/data)")
+    train.add_argument("--out", help="run directory (refused if it holds a run, unless --resume or --force)")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    train.add_argument("--force", action="store_true", help="start the run in --out over, deleting its checkpoints")
+    train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    train.add_argument("--session-steps", type=int, help="stop after this many steps (with a checkpoint)")
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.set_defaults(run=_train, accepts_overrides=True)
+
+    average = sub.add_parser(
+        "average",
+        help="average the weights of a run's last k checkpoints",
+        description="Average the parameters of the last --last complete checkpoints of a run (the "
+        "Transformer paper averages the last 5) and write an attnkit model directory.",
+        epilog="example: attnkit average runs/mt --last 5 --out runs/mt-avg5",
+    )
+    average.add_argument("run_dir", metavar="RUN", help="the run directory")
+    average.add_argument("--last", type=int, default=5, help="how many checkpoints (default 5)")
+    average.add_argument("--out", required=True, help="the model directory to write")
+    average.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    average.set_defaults(run=_average)
 
     generate = sub.add_parser(
         "generate",
@@ -426,7 +525,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "accepts_overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.overrides = extra
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(message)s")
     try:
         return args.run(args)

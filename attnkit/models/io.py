@@ -157,13 +157,16 @@ def save_pretrained(model: torch.nn.Module, path: str | Path, overwrite: bool = 
 
 
 def from_pretrained(path: str | Path) -> torch.nn.Module:
-    """Load attnkit's own directory, or a Hugging Face one (``gpt2``, ``bert``, ``t5``,
+    """Load attnkit's own directory, a training run's directory (its latest complete
+    checkpoint, with the run's tokenizer), or a Hugging Face one (``gpt2``, ``bert``, ``t5``,
     ``marian``). Weights come only from safetensors; nothing is unpickled."""
     from attnkit.models import build_model
 
     directory = Path(path)
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory} is not a directory; pass a directory written by save_pretrained")
+    if not (directory / CONFIG).exists() and (directory / "checkpoints").is_dir():
+        return _from_run(directory)
     data = read_json(directory / CONFIG)
     if data.get("format") != FORMAT:
         from attnkit.interop.hf import load_hf
@@ -186,3 +189,14 @@ def from_pretrained(path: str | Path) -> torch.nn.Module:
     load_weights(model, tensors, str(directory))
     attach_tokenizer(model, directory)
     return model.eval()
+
+
+def _from_run(run_dir: Path) -> torch.nn.Module:
+    from attnkit.training.checkpoint import latest_checkpoint
+
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise FileNotFoundError(f"{run_dir} is a run directory without a complete checkpoint yet; train it further")
+    model = from_pretrained(checkpoint)
+    attach_tokenizer(model, run_dir)
+    return model

@@ -1,0 +1,126 @@
+"""Crash-safe training checkpoints.
+
+A checkpoint is a directory ``checkpoints/step-00000100`` holding the model as attnkit's own
+model directory (``config.json`` + ``model.safetensors``, so :func:`attnkit.from_pretrained`
+reads it), the optimiser's tensors in ``optimizer.safetensors``, its hyper-parameters and the
+trainer's position (step, data position, RNG states) in ``trainer_state.json`` /
+``rng.safetensors``, and a ``COMPLETE`` marker. It is written into a temporary sibling,
+fsynced, marked complete, then renamed into place: a directory named ``step-*`` with the
+marker is whole, and nothing else is ever resumed. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import Tensor
+
+from attnkit.models.io import CONFIG, FORMAT, FORMAT_VERSION, WEIGHTS, write_directory
+
+CHECKPOINTS = "checkpoints"
+MARKER = "COMPLETE"
+_NAME = re.compile(r"^step-(\d{8})$")
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / CHECKPOINTS / f"step-{step:08d}"
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first. Half-written ones (no marker, or still
+    under a temporary name) are ignored."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / MARKER).is_file()]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    complete = complete_checkpoints(run_dir)
+    return complete[-1] if complete else None
+
+
+def _optimizer_files(state: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Split ``optimizer.state_dict()`` into tensors and JSON (no pickle needed)."""
+    tensors, scalars = {}, {}
+    for param, entry in state["state"].items():  # param: the parameter's name (its FQN)
+        for name, value in entry.items():
+            if isinstance(value, Tensor):
+                tensors[f"{param}.{name}"] = value
+            else:
+                scalars[f"{param}.{name}"] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _optimizer_state(tensors: dict[str, Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    state: dict[str, dict[str, Any]] = {}
+    for key, value in [*tensors.items(), *meta["scalars"].items()]:
+        param, _, name = key.rpartition(".")  # the state's own names (exp_avg, step) have no dot
+        state.setdefault(param, {})[name] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def rng_states() -> tuple[dict[str, Tensor], list[Any]]:
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda.{i}"] = state
+    return tensors, list(random.getstate())
+
+
+def set_rng_states(tensors: dict[str, Tensor], python_state: list[Any]) -> None:
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("cuda.")]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    version, internal, gauss = python_state
+    random.setstate((version, tuple(internal), gauss))
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model_config: dict[str, Any],
+    model_state: dict[str, Tensor],
+    optimizer_state: dict[str, Any],
+    trainer_state: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write checkpoint ``step`` atomically, then keep only the last ``keep`` complete ones."""
+    opt_tensors, opt_meta = _optimizer_files(optimizer_state)
+    rng_tensors, python_rng = rng_states()
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": model_config}
+    files: dict[str, bytes | dict[str, Tensor]] = {
+        CONFIG: (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode(),
+        WEIGHTS: model_state,
+        "optimizer.safetensors": opt_tensors,
+        "rng.safetensors": rng_tensors,
+        "trainer_state.json": json.dumps(
+            {**trainer_state, "step": step, "optimizer": opt_meta, "python_rng": python_rng}, indent=1
+        ).encode(),
+        MARKER: b"",  # written last: its presence means every file above is on disk
+    }
+    path = checkpoint_dir(run_dir, step)
+    write_directory(path, files, overwrite=True)
+    for old in complete_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old)
+    return path
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, Any]]:
+    """(model tensors, optimizer state dict, trainer state) of a complete checkpoint; the RNG
+    states are restored as a side effect."""
+    if not (path / MARKER).is_file():
+        raise ValueError(f"{path} is not a complete checkpoint (no {MARKER} marker); it was interrupted mid-write")
+    trainer_state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    optimizer = _optimizer_state(load_file(path / "optimizer.safetensors"), trainer_state.pop("optimizer"))
+    set_rng_states(load_file(path / "rng.safetensors"), trainer_state.pop("python_rng"))
+    return load_file(path / WEIGHTS), optimizer, trainer_state

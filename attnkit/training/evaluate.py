@@ -1,0 +1,88 @@
+"""Evaluation during and after training: loss and perplexity on held-out examples, the
+objective's accuracy where it counts one (MLM), and for translation BLEU with greedy and beam
+decoding, scored by sacreBLEU."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from attnkit.config import RunConfig
+from attnkit.data.batching import TokenBatches
+from attnkit.data.tokenizer import decode
+from attnkit.models.core import Model
+from attnkit.objectives.base import IGNORE_INDEX, Objective
+
+BLEU_SENTENCES = 200  # held-out pairs decoded for BLEU at each evaluation
+BEAM = {"num_beams": 4, "length_penalty": 0.6, "length_penalty_style": "gnmt"}  # the paper's
+
+
+@torch.no_grad()
+def evaluate(
+    model: Model,
+    objective: Objective,
+    examples: Sequence[Any],
+    run: RunConfig,
+    tokenizer: Tokenizer | None = None,
+    bleu: bool = False,
+) -> dict[str, float]:
+    """Loss and perplexity over up to ``train.eval_batches`` held-out batches, plus the
+    objective's rates (``correct_rate``: MLM accuracy, next-token accuracy); with ``bleu`` and
+    a translation objective, BLEU of greedy and beam-4 decoding."""
+    from attnkit.training.run import cost
+
+    was_training = model.training
+    model.eval()
+    batches = TokenBatches([cost(e) for e in examples], run.train.batch_tokens, run.train.seed, shuffle=False)
+    total, tokens, sums = 0.0, 0, {}
+    device = next(model.parameters()).device
+    for i, indices in enumerate(batches.epoch_batches(0)[: run.train.eval_batches]):
+        generator = torch.Generator().manual_seed(run.train.seed + i)
+        batch = {k: v.to(device) for k, v in objective.batch([examples[j] for j in indices], generator).items()}
+        out = objective.loss(model, batch)
+        total += float(out.total)
+        tokens += int((batch["labels"] != IGNORE_INDEX).sum())
+        for k, v in out.metrics.items():
+            sums[k] = sums.get(k, 0.0) + v
+    loss = total / max(tokens, 1)
+    result = {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": tokens}
+    result.update({f"{k}_rate": v / max(tokens, 1) for k, v in sums.items()})
+    if bleu and run.objective == "translation" and tokenizer is not None:
+        pairs = list(examples[:BLEU_SENTENCES])
+        result["bleu_greedy"] = translation_bleu(model, tokenizer, pairs, num_beams=1)
+        result["bleu_beam4"] = translation_bleu(model, tokenizer, pairs, **BEAM)
+    model.train(was_training)
+    return result
+
+
+def translate_ids(
+    model: Model, sources: Sequence[Sequence[int]], batch_size: int = 32, **options: Any
+) -> list[list[int]]:
+    """Decode token-id sources (without their end token) in batches; returns the new ids of each."""
+    eos, pad = model.config.eos_token_id, model.config.pad_token_id
+    device = next(model.parameters()).device
+    outputs: list[list[int]] = []
+    for start in range(0, len(sources), batch_size):
+        chunk = [[*s, eos] for s in sources[start : start + batch_size]]  # as the objective trained them
+        width = max(map(len, chunk))
+        ids = torch.tensor([s + [pad] * (width - len(s)) for s in chunk], device=device)
+        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in chunk], device=device)
+        out = model.generate(ids, mask, max_new_tokens=width + 50, source_length_offset=50, **options)
+        for row in out[:, 1:].tolist():  # drop the start token
+            outputs.append(row[: row.index(eos)] if eos in row else row)
+    return outputs
+
+
+def translation_bleu(
+    model: Model, tokenizer: Tokenizer, pairs: Sequence[tuple[list[int], list[int]]], **options: Any
+) -> float:
+    """Corpus BLEU (sacreBLEU, 13a tokenisation) of the model's translations of ``pairs``."""
+    import sacrebleu
+
+    hypotheses = [decode(tokenizer, ids) for ids in translate_ids(model, [s for s, _ in pairs], **options)]
+    references = [decode(tokenizer, target) for _, target in pairs]
+    return sacrebleu.corpus_bleu(hypotheses, [references]).score

@@ -1,0 +1,222 @@
+"""A training run from a :class:`~attnkit.config.RunConfig`: the run directory, the data and
+tokenizer, the model and objective, resuming, and evaluation.
+
+A run directory holds ``run.json`` (the run config), ``tokenizer.json``, ``metrics.jsonl``
+(one JSON object per line) and ``checkpoints/step-*`` (see
+:mod:`attnkit.training.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from attnkit.config import RunConfig, run_from_dict
+from attnkit.data.batching import StepBatches, TokenBatches, split_train_valid
+from attnkit.data.files import read_lines, read_pairs
+from attnkit.data.specials import Specials
+from attnkit.data.tokenizer import encode_batch, load_tokenizer, specials_of, train_tokenizer
+from attnkit.models import build_model
+from attnkit.models.io import load_weights
+from attnkit.objectives.base import Objective
+from attnkit.objectives.causal_lm import CausalLM
+from attnkit.objectives.masked_lm import MaskedLM
+from attnkit.objectives.span_corruption import SpanCorruption
+from attnkit.objectives.translation import Translation
+from attnkit.training import distributed
+from attnkit.training.checkpoint import CHECKPOINTS, latest_checkpoint, load_checkpoint
+from attnkit.training.evaluate import evaluate
+from attnkit.training.trainer import METRICS, Progress, Trainer
+
+log = logging.getLogger(__name__)
+
+RUN_CONFIG = "run.json"
+TOKENIZER = "tokenizer.json"
+
+
+@dataclass
+class Data:
+    tokenizer: Tokenizer
+    specials: Specials
+    train: list[Any]  # token-id examples: list[int], or (source, target) pairs for translation
+    valid: list[Any]
+
+
+def cost(example: Any) -> int:
+    """Padded positions an example takes in a batch (specials included)."""
+    if isinstance(example, tuple):
+        return max(len(example[0]), len(example[1])) + 1
+    return len(example) + 2
+
+
+def load_data(run: RunConfig, run_dir: Path, tokenizer: Tokenizer | None) -> Data:
+    """Read the files, train (or reuse) the tokenizer, encode, truncate and split."""
+    if not run.data.path:
+        raise ValueError("no training data: pass --data.path FILE (plain text, or source<TAB>target for translation)")
+    limit = run.data.max_tokens - 2  # room for the specials the objective adds
+    if run.objective == "translation":
+        pairs = read_pairs(run.data.path)
+        texts = [text for pair in pairs for text in pair]
+    else:
+        texts = read_lines(run.data.path)
+    if tokenizer is None:
+        tokenizer = (
+            load_tokenizer(run.data.tokenizer) if run.data.tokenizer else train_tokenizer(texts, run.data.vocab_size)
+        )
+    ids = [row[:limit] for row in encode_batch(tokenizer, texts)]
+    examples: list[Any] = list(zip(ids[0::2], ids[1::2], strict=True)) if run.objective == "translation" else ids
+    examples = [e for e in examples if (all(e) if isinstance(e, tuple) else e)]  # no empty side
+    if len(examples) < 2:
+        raise ValueError(f"{', '.join(run.data.path)}: fewer than 2 usable examples; a run needs more data")
+    train_idx, valid_idx = split_train_valid(len(examples), run.data.valid_fraction, run.train.seed)
+    return Data(tokenizer, specials_of(tokenizer), [examples[i] for i in train_idx], [examples[i] for i in valid_idx])
+
+
+def _start(run: RunConfig, run_dir: Path) -> Data:
+    """A new run's data, with its config and tokenizer written into ``run_dir``."""
+    data = load_data(run, run_dir, None)
+    run = model_config_for(run, data)
+    (run_dir / RUN_CONFIG).write_text(json.dumps(run.to_dict(), indent=2) + "\n", encoding="utf-8")
+    data.tokenizer.save(str(run_dir / TOKENIZER))
+    return data
+
+
+def make_objective(run: RunConfig, specials: Specials) -> Objective:
+    if run.objective == "translation":
+        return Translation(specials, label_smoothing=run.train.label_smoothing)
+    if run.objective == "causal_lm":
+        return CausalLM(specials)
+    if run.objective == "masked_lm":
+        return MaskedLM(specials)
+    return SpanCorruption(specials)
+
+
+def model_config_for(run: RunConfig, data: Data) -> RunConfig:
+    """The run with the model's vocabulary and special ids taken from the tokenizer."""
+    s = data.specials
+    model = run.model.replace(
+        vocab_size=data.tokenizer.get_vocab_size(), pad_token_id=s.pad, bos_token_id=s.bos, eos_token_id=s.eos,
+        decoder_start_token_id=s.bos if run.model.is_encoder_decoder else None,
+    )  # fmt: skip
+    return RunConfig(model=model, train=run.train, data=run.data)
+
+
+def prepare_run_dir(run_dir: Path, resume: bool, force: bool) -> None:
+    """Refuse to write over an existing run unless asked to resume it or start it over."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise FileExistsError(f"{run_dir} exists and is not a directory; choose another --out")
+    has_run = (run_dir / RUN_CONFIG).exists() or (run_dir / CHECKPOINTS).exists()
+    if has_run and not (resume or force):
+        raise FileExistsError(
+            f"{run_dir} already holds a run; pass --resume to continue it, --force to start it over, "
+            "or choose another --out"
+        )
+    if run_dir.is_dir() and not has_run and any(run_dir.iterdir()):
+        raise FileExistsError(f"{run_dir} is not empty and holds no run; choose an empty or new --out")
+    if has_run and force and not resume:
+        for name in (CHECKPOINTS, METRICS, RUN_CONFIG, TOKENIZER):
+            target = run_dir / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+# What a resumed run may change: when to stop and how often to report, and how the work of a
+# step is spread: the engine (checkpoints hold full, unsharded state) and batches_per_step, which
+# goes with the world size, itself free to change: W processes with batches_per_step=k resume
+# exactly what W*k batches per step trained (a change of W*k is allowed, with a warning).
+RESUMABLE_CHANGES = frozenset(
+    {"max_steps", "time_budget", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every"}
+    | {"distributed", "batches_per_step"}
+)
+
+
+def _resumed_config(saved: RunConfig, requested: RunConfig) -> RunConfig:
+    """The saved run, with the changes a resume may make taken from ``requested``."""
+    changed = [
+        f"{section}.{key}"
+        for section in ("model", "train", "data")
+        for key, value in dataclasses.asdict(getattr(requested, section)).items()
+        if getattr(getattr(saved, section), key) != value and not (section == "train" and key in RESUMABLE_CHANGES)
+    ]
+    if changed:
+        raise ValueError(
+            f"the run was started with other values of {', '.join(changed)}; resume with the same options "
+            f"(only train.{{{','.join(sorted(RESUMABLE_CHANGES))}}} may change)"
+        )
+    train_changes = {k: getattr(requested.train, k) for k in RESUMABLE_CHANGES}
+    return RunConfig(model=saved.model, train=dataclasses.replace(saved.train, **train_changes), data=saved.data)
+
+
+def train(
+    run: RunConfig,
+    run_dir: str | Path,
+    resume: bool = False,
+    force: bool = False,
+    progress_bar: bool = True,
+    session_steps: int | None = None,
+) -> tuple[Progress, dict[str, float]]:
+    """Train ``run`` into ``run_dir``; returns where it ended and the final evaluation.
+
+    ``resume`` continues the run's latest complete checkpoint (or starts from the beginning
+    when there is none); ``session_steps`` stops this call after that many steps, with a
+    checkpoint, so that a later ``resume`` picks up exactly there."""
+    run_dir = Path(run_dir)
+    world = distributed.init_world(run.train.device)
+    try:
+        # Under torchrun rank 0 alone prepares the directory and, for a new run, trains the
+        # tokenizer and writes it; the other ranks wait, then read that same tokenizer back.
+        distributed.on_main(world, lambda: prepare_run_dir(run_dir, resume, force))
+        checkpoint = latest_checkpoint(run_dir) if resume else None
+        if resume and checkpoint is None and world.is_main:
+            log.warning("no complete checkpoint in %s: starting from the beginning", run_dir)
+        if checkpoint is None:
+            data = distributed.on_main(world, lambda: _start(run, run_dir))
+            data = data or load_data(run, run_dir, load_tokenizer(run_dir / TOKENIZER))
+        else:
+            data = load_data(run, run_dir, load_tokenizer(run_dir / TOKENIZER))
+        run = model_config_for(run, data)
+        if checkpoint is not None:  # a resumed run keeps its config, but for when to stop and report
+            saved = run_from_dict(json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8")))
+            run = _resumed_config(saved, run)
+        torch.manual_seed(run.train.seed)  # the initial weights
+        model = build_model(run.model).to(world.device)
+        state = None
+        if checkpoint is not None:  # into the bare model, before DDP or FSDP take it over
+            weights, optimizer_state, state = load_checkpoint(checkpoint)
+            load_weights(model, weights, str(checkpoint))
+        objective = make_objective(run, data.specials)
+        batches = TokenBatches([cost(e) for e in data.train], run.train.batch_tokens, run.train.seed)
+        iterator = iter(StepBatches(batches, world.rank, world.size, run.train.batches_per_step))
+        trainer = Trainer(
+            run, run_dir, model, objective, data.train, iterator, world,
+            evaluate=lambda: evaluate(model, objective, data.valid, run, data.tokenizer),
+        )  # fmt: skip
+        if state is not None:
+            distributed.load_optimizer(trainer.model, trainer.optimizer, optimizer_state)
+            trainer.progress = Progress(**state["progress"])
+            if trainer.progress.step_batches != iterator.source.group and world.is_main:
+                log.warning(
+                    "the run's steps trained on %d batches (world size x train.batches_per_step); these train on "
+                    "%d: a different batch per update, and the data order continues approximately",
+                    trainer.progress.step_batches, iterator.source.group,
+                )  # fmt: skip
+            iterator.load_state_dict(trainer.progress.data)
+            log.info("resumed %s at step %d", run_dir, trainer.progress.step)
+        progress = trainer.fit(progress_bar, session_steps)
+        final = evaluate(model, objective, data.valid, run, data.tokenizer, bleu=True)
+        if world.is_main:
+            trainer.write_metrics({"split": "valid", "step": progress.step, "final": True, **final})
+        return progress, final
+    finally:
+        distributed.close_world(world)

@@ -1,0 +1,240 @@
+"""The training loop: plain and readable, one optimiser step per iteration.
+
+Each step draws ``train.batches_per_step`` batches of example indices per process, splits
+each into ``grad_accum`` micro-batches, and normalises the summed token losses by the number
+of target tokens over all micro-batches and processes, so accumulation and data parallelism
+give the gradient of one big batch. All randomness of a step (dropout, masking) is seeded from
+(seed, step, which of the step's batches, micro-batch), so a run resumed from a checkpoint
+continues exactly as if it had never stopped, and ``W`` processes with ``batches_per_step=k``
+train exactly as one process with ``batches_per_step=W*k`` (up to floating-point summation order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from attnkit.config import RunConfig
+from attnkit.data.batching import StepIterator
+from attnkit.objectives.base import IGNORE_INDEX, LossOutput, Objective
+from attnkit.training import distributed
+from attnkit.training.checkpoint import save_checkpoint
+from attnkit.training.distributed import World
+from attnkit.training.schedule import learning_rate
+
+log = logging.getLogger(__name__)
+
+METRICS = "metrics.jsonl"
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+@dataclass
+class Progress:
+    """Where a run stands; saved in every checkpoint."""
+
+    step: int = 0
+    tokens: int = 0  # target tokens trained on, over all processes
+    seconds: float = 0.0  # training time so far, over all sessions of the run
+    data: dict[str, int] = field(default_factory=dict)  # the batch iterator's position
+    step_batches: int = 1  # batches per step over all processes: world size x train.batches_per_step
+
+
+def step_seed(seed: int, step: int, shard: int, micro: int) -> int:
+    """The seed of one micro-batch: a function of where it is, not of what ran before.
+    ``shard``: which of the step's batches over all processes (rank * batches_per_step + j),
+    so the seed does not depend on how the step's batches are spread over processes."""
+    return (seed * 1_000_003 + step * 4_099 + shard * 131 + micro) % (2**63 - 1)
+
+
+def make_optimizer(model: nn.Module, run: RunConfig) -> torch.optim.Optimizer:
+    cfg = run.train
+    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]  # matrices and embeddings
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]  # biases and norms' γ, β
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+
+
+def _micro_batches(indices: Sequence[int], parts: int) -> list[list[int]]:
+    """Split one batch's example indices into ``parts`` nearly equal, non-empty micro-batches."""
+    parts = max(1, min(parts, len(indices)))
+    size = math.ceil(len(indices) / parts)
+    return [list(indices[i : i + size]) for i in range(0, len(indices), size)]
+
+
+def _tensorboard(run_dir: Path) -> Any:
+    """A TensorBoard writer in ``run_dir/tensorboard`` when the tensorboard package is installed."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(run_dir / "tensorboard"))
+
+
+class Trainer:
+    """Runs optimiser steps until ``train.max_steps`` or ``train.time_budget``."""
+
+    def __init__(
+        self,
+        run: RunConfig,
+        run_dir: Path,
+        model: nn.Module,
+        objective: Objective,
+        examples: Sequence[Any],
+        batches: StepIterator,
+        world: World,
+        evaluate: Callable[[], dict[str, float]] | None = None,
+    ) -> None:
+        self.run, self.run_dir, self.world = run, run_dir, world
+        self.bare = model  # the model itself, whatever wraps it
+        self.parameter_names = [name for name, _ in model.named_parameters()]
+        self.model = distributed.wrap(model, world, run.train.distributed)
+        self.optimizer = make_optimizer(self.model, run)
+        self.objective, self.examples, self.batches = objective, examples, batches
+        self.evaluate = evaluate
+        self.progress = Progress()
+        device = world.device.type
+        self.autocast = (
+            torch.autocast(device, dtype=torch.bfloat16 if run.train.precision == "bf16" else torch.float16)
+            if run.train.precision != "fp32"
+            else contextlib.nullcontext()
+        )
+        self.scaler = torch.amp.GradScaler(device, enabled=run.train.precision == "fp16")
+        self.tensorboard = _tensorboard(run_dir) if world.is_main else None
+
+    # -- one step -------------------------------------------------------------------------
+
+    def _step(self, step_batches: list[list[int]]) -> dict[str, float]:
+        """One optimiser step on this process's batches of example indices."""
+        cfg, step = self.run.train, self.progress.step + 1
+        lr = learning_rate(step, cfg, self.run.model.d_model)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        batches, seeds = [], []
+        for j, indices in enumerate(step_batches):
+            shard = self.world.rank * len(step_batches) + j  # which of the step's batches, over all processes
+            for micro, chunk in enumerate(_micro_batches(indices, cfg.grad_accum)):
+                seeds.append(step_seed(cfg.seed, step, shard, micro))
+                generator = torch.Generator().manual_seed(seeds[-1])
+                batch = self.objective.batch([self.examples[i] for i in chunk], generator)
+                batches.append({k: v.to(self.world.device) for k, v in batch.items()})
+        # Target tokens of the whole step, over every micro-batch and process: the denominator.
+        local_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in batches)
+        (global_tokens,) = distributed.all_sum([float(local_tokens)], self.world)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        outputs: list[LossOutput] = []
+        for micro, batch in enumerate(batches):
+            torch.manual_seed(seeds[micro])  # dropout
+            last = micro == len(batches) - 1
+            sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
+            with sync:
+                with self.autocast:
+                    out = self.objective.loss(self.model, batch)
+                # DDP averages gradients over ranks: scale the sum so that the average is
+                # d(total loss over every target token) / d(parameters) / (global tokens).
+                loss = out.total * (self.world.size / max(global_tokens, 1.0))
+                self.scaler.scale(loss).backward()
+            outputs.append(out)
+        loss_sum = sum(float(o.total.detach()) for o in outputs)
+        if not math.isfinite(loss_sum):
+            raise NonFiniteLossError(
+                f"the loss became {loss_sum} at step {step}; lower train.lr, raise train.warmup, or use "
+                "train.precision=fp32"
+            )
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = (
+            float(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm))
+            if cfg.clip_norm is not None
+            else float("nan")
+        )
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        metric_names = sorted({k for o in outputs for k in o.metrics})
+        local = [loss_sum, float(local_tokens), *(sum(o.metrics.get(k, 0.0) for o in outputs) for k in metric_names)]
+        total_loss, tokens, *metric_sums = distributed.all_sum(local, self.world)
+        self.progress.step = step
+        self.progress.tokens += int(tokens)
+        stats = {"step": step, "lr": lr, "loss": total_loss / max(tokens, 1.0), "tokens": int(tokens)}
+        stats.update({f"{k}_rate": v / max(tokens, 1.0) for k, v in zip(metric_names, metric_sums, strict=True)})
+        if cfg.clip_norm is not None:
+            stats["grad_norm"] = grad_norm
+        return stats
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def save(self) -> Path | None:
+        """A checkpoint of the current step (collective under torchrun; rank 0 writes)."""
+        model_state, optim_state = distributed.full_state(self.model, self.optimizer, self.parameter_names)
+        if not self.world.is_main:
+            return None
+        self.progress.data = self.batches.state_dict()
+        self.progress.step_batches = self.batches.source.group
+        return save_checkpoint(
+            self.run_dir, self.progress.step, self.run.model.to_dict(), model_state, optim_state,
+            {"progress": self.progress.__dict__}, self.run.train.keep_checkpoints,
+        )  # fmt: skip
+
+    def write_metrics(self, record: dict[str, Any]) -> None:
+        """Append ``record`` to metrics.jsonl (and TensorBoard, when installed); rank 0 only."""
+        if not self.world.is_main:
+            return
+        with open(self.run_dir / METRICS, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None:
+            for key, value in record.items():
+                if isinstance(value, float | int) and key != "step":
+                    self.tensorboard.add_scalar(f"{record['split']}/{key}", value, record["step"])
+
+    def fit(self, progress_bar: bool = True, session_steps: int | None = None) -> Progress:
+        """Train until ``train.max_steps``, the time budget, or ``session_steps`` steps in this
+        call (then a checkpoint is written, and ``--resume`` continues exactly)."""
+        cfg = self.run.train
+        stop_at = cfg.max_steps if session_steps is None else min(cfg.max_steps, self.progress.step + session_steps)
+        bar = tqdm(
+            total=cfg.max_steps, initial=self.progress.step, desc="training", unit="step",
+            disable=not (progress_bar and self.world.is_main), dynamic_ncols=True,
+        )  # fmt: skip
+        session_start, trained_before = time.perf_counter(), self.progress.seconds
+        tokens_since, clock = 0, time.perf_counter()
+        while self.progress.step < stop_at:
+            stats = self._step(next(self.batches))
+            self.progress.seconds = trained_before + time.perf_counter() - session_start
+            tokens_since += stats["tokens"]
+            bar.update(1)
+            step = self.progress.step
+            if step % cfg.log_every == 0 or step == cfg.max_steps:
+                now = time.perf_counter()
+                stats["tokens_per_s"] = tokens_since / max(now - clock, 1e-9)
+                tokens_since, clock = 0, now
+                bar.set_postfix(
+                    loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{stats['tokens_per_s']:.0f}"
+                )
+                self.write_metrics({"split": "train", **stats, "seconds": self.progress.seconds})
+            out_of_time = cfg.time_budget is not None and self.progress.seconds >= cfg.time_budget
+            out_of_time = distributed.any_rank(out_of_time, self.world)
+            if self.evaluate is not None and cfg.eval_every and step % cfg.eval_every == 0:
+                self.write_metrics({"split": "valid", "step": step, **self.evaluate()})
+            if step % cfg.checkpoint_every == 0 or out_of_time or step == stop_at:
+                self.save()
+            if out_of_time:
+                log.info("time budget of %.0f s reached at step %d", cfg.time_budget, step)
+                break
+        bar.close()
+        if self.tensorboard is not None:
+            self.tensorboard.flush()
+        return self.progress

@@ -1,0 +1,45 @@
+"""Learning-rate schedules against their formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from attnkit.config import TrainConfig
+from attnkit.training.schedule import learning_rate, noam, warmup_cosine
+
+
+@pytest.mark.parametrize("step", [1, 2, 100, 3999, 4000, 4001, 10_000, 100_000])
+def test_noam_equals_the_papers_formula(step: int) -> None:
+    # Vaswani et al. 2017, eq. (3): lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)
+    d_model, warmup = 512, 4000
+    expected = d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+    assert noam(step, d_model, warmup) == pytest.approx(expected, rel=1e-12)
+    assert noam(step, d_model, warmup, factor=2.0) == pytest.approx(2 * expected, rel=1e-12)
+
+
+def test_noam_peaks_at_the_end_of_warmup() -> None:
+    rates = [noam(s, 512, 4000) for s in range(1, 20_000)]
+    assert max(range(len(rates)), key=rates.__getitem__) + 1 == 4000
+    assert rates[3999] == pytest.approx(512**-0.5 * 4000**-0.5)
+
+
+def test_warmup_cosine_shape() -> None:
+    peak, warmup, total, floor = 1e-3, 100, 1000, 0.1
+    assert warmup_cosine(50, peak, warmup, total, floor) == pytest.approx(peak * 0.5)
+    assert warmup_cosine(100, peak, warmup, total, floor) == pytest.approx(peak)
+    mid = warmup + (total - warmup) // 2
+    assert warmup_cosine(mid, peak, warmup, total, floor) == pytest.approx(peak * (floor + (1 - floor) * 0.5))
+    assert warmup_cosine(total, peak, warmup, total, floor) == pytest.approx(peak * floor)
+    assert warmup_cosine(5 * total, peak, warmup, total, floor) == pytest.approx(peak * floor)
+
+
+def test_learning_rate_follows_the_config() -> None:
+    assert learning_rate(10, TrainConfig(schedule="noam", lr=2.0, warmup=40), 64) == pytest.approx(
+        2.0 * 64**-0.5 * 10 * 40**-1.5
+    )
+    assert learning_rate(10, TrainConfig(schedule="constant", lr=3e-4), 64) == 3e-4
+    cfg = TrainConfig(schedule="cosine", lr=1e-3, warmup=0, max_steps=100, min_lr_ratio=0.0)
+    assert learning_rate(100, cfg, 64) == pytest.approx(0.0, abs=1e-15)
+    assert learning_rate(50, cfg, 64) == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
