@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from attnkit import __version__
 from attnkit.config import RunConfig
+from attnkit.data.specials import BOS
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -198,8 +199,14 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         tokenizer = _tokenizer(model, args.model, ids_hint=True)
         inputs = _input_lines(args, args.prompt)
+    # attnkit's causal-LM objective trains on <s> + text: give its models the same start.
+    starts_with_bos = (
+        tokenizer is not None and cfg.bos_token_id is not None and tokenizer.token_to_id(BOS) == cfg.bos_token_id
+    )
     for index, batch in enumerate(_batches(inputs, args.batch_size)):
         prompts = batch if tokenizer is None else _encode(tokenizer, batch)
+        if starts_with_bos:
+            prompts = [p if p[:1] == [cfg.bos_token_id] else [cfg.bos_token_id, *p] for p in prompts]
         for n, prompt in enumerate(prompts):
             if not prompt:
                 if cfg.bos_token_id is None:
@@ -225,6 +232,68 @@ def _generate(args: argparse.Namespace) -> int:
             else:
                 lines.append(_one_line(tokenizer.decode(tokens, skip_special_tokens=True)))
         _emit(lines)
+    return 0
+
+
+def _fill_mask(args: argparse.Namespace) -> int:
+    import attnkit
+
+    model = attnkit.from_pretrained(args.model)
+    if model.config.family != "bert":
+        raise ValueError(f"{args.model} holds a {model.config.family} model; fill-mask needs a BERT (masked LM)")
+    if model.head is None:
+        raise ValueError(f"{args.model} is a BERT without its MLM head (e.g. a sentence encoder); it cannot fill masks")
+    if args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    tokenizer = _tokenizer(model, args.model, ids_hint=False)
+    from attnkit.generation.fill_mask import fill_mask
+
+    for text in args.text:
+        print(text)
+        for position, candidates in fill_mask(model, tokenizer, text, args.top_k):
+            shown = ", ".join(f"{token!r} {p:.3f}" for token, p in candidates)
+            print(f"  [MASK] #{position + 1}: {shown}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import attnkit
+    from attnkit.training.checkpoint import complete_checkpoints
+    from attnkit.training.run import RUN_CONFIG
+    from attnkit.training.trainer import METRICS
+
+    directory = Path(args.directory)
+    model = attnkit.from_pretrained(directory)
+    cfg = model.config
+    print(f"{directory}: {cfg.family}, {model.num_parameters():,} parameters")
+    layers = f"{cfg.n_layers}+{cfg.decoder_layers}" if cfg.is_encoder_decoder else f"{cfg.n_layers}"
+    norm = "pre" if cfg.norm_first else "post"
+    print(f"  d_model {cfg.d_model}, d_ff {cfg.d_ff}, heads {cfg.n_heads}, layers {layers},")
+    print(f"  vocabulary {cfg.vocab_size}, positions {cfg.positional}, {norm}-LN")
+    if (directory / RUN_CONFIG).exists():
+        run = json.loads((directory / RUN_CONFIG).read_text(encoding="utf-8"))
+        train, data = run["train"], run["data"]
+        print(
+            f"  objective {train['objective'] or 'the family default'}, data {data['corpus']} {' '.join(data['path'])}"
+        )
+        optimiser = f"{train['optimizer']} lr {train['lr']} schedule {train['schedule']} warmup {train['warmup']}"
+        print(f"  optimiser {optimiser}, batch {train['batch_tokens']} tokens, precision {train['precision']}")
+        checkpoints = complete_checkpoints(directory)
+        print(f"  checkpoints: {', '.join(p.name for p in checkpoints) or 'none'}")
+    if (directory / METRICS).exists():
+        records = [json.loads(line) for line in (directory / METRICS).read_text(encoding="utf-8").splitlines()]
+        trained = [r for r in records if r["split"] == "train"]
+        if trained:
+            first, last = trained[0], trained[-1]
+            print(f"  training: step {first['step']} loss {first['loss']:.3f} -> step {last['step']} loss "
+                  f"{last['loss']:.3f}, {last.get('seconds', 0):.0f} s")  # fmt: skip
+        valid = [r for r in records if r["split"] == "valid"]
+        if valid:
+            shown = {k: v for k, v in valid[-1].items() if k not in ("split", "final") and isinstance(v, float | int)}
+            print("  last evaluation: " + ", ".join(f"{k} {v:.4g}" for k, v in shown.items()))
     return 0
 
 
@@ -447,6 +516,28 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--session-steps", type=int, help="stop after this many steps (with a checkpoint)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(run=_train, accepts_overrides=True)
+
+    fill = sub.add_parser(
+        "fill-mask",
+        help="BERT: the top-k predictions for each [MASK] in a text",
+        description="Predict the tokens hidden behind [MASK] (or the tokenizer's own mask token) with a BERT "
+        "model's masked-LM head.",
+        epilog='example: attnkit fill-mask --model runs/bert "In the beginning God created the [MASK]."',
+    )
+    fill.add_argument("--model", required=True, help="a BERT model directory with its MLM head and tokenizer.json")
+    fill.add_argument("text", nargs="+", help="texts holding one or more [MASK]")
+    fill.add_argument("--top-k", type=int, default=5, help="predictions per mask (default 5)")
+    fill.set_defaults(run=_fill_mask)
+
+    info = sub.add_parser(
+        "info",
+        help="a run's or model's config, size and training summary",
+        description="Print a model's shape and parameter count and, for a run directory, its objective, "
+        "optimiser, checkpoints, training curve and last evaluation.",
+        epilog="example: attnkit info runs/mt",
+    )
+    info.add_argument("directory", metavar="DIR", help="a run directory or a model directory")
+    info.set_defaults(run=_info)
 
     average = sub.add_parser(
         "average",

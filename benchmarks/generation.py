@@ -1,8 +1,8 @@
 """Generation throughput of attnkit vs transformers' ``generate`` on identical weights:
 greedy and beam-4 (issue: decoding), and the cost of one new token as the prefix grows.
 
-Prompts are random token ids; EOS is disabled on both sides (an id no row emits is not
-guaranteed, so both run the full ``max_new_tokens``), making the work identical.
+Prompts are random token ids; the end token is switched off on both sides, so both run the
+full ``max_new_tokens`` and the work is identical.
 """
 
 from __future__ import annotations
@@ -31,12 +31,15 @@ def _pair(config_changes: dict, n_positions: int = 1024) -> tuple[torch.nn.Modul
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
         ours = attnkit.from_pretrained(Path(tmp))
+    # No end token on either side, so both generate exactly max_new_tokens.
+    ours.config = ours.config.replace(eos_token_id=None)
+    hf.generation_config.eos_token_id = None
     return ours, hf
 
 
 def _hf_options() -> dict:
     """Switch off everything that is not the search itself (and EOS, see the module doc)."""
-    return dict(do_sample=False, eos_token_id=None, pad_token_id=0, min_length=0, early_stopping=True)
+    return dict(do_sample=False, pad_token_id=0, min_length=0, early_stopping=True)
 
 
 def run(repeats: int = 5, small: bool = False, batch: int = 1, prompt: int = 32, new: int = 64) -> list[Comparison]:
@@ -51,7 +54,7 @@ def run(repeats: int = 5, small: bool = False, batch: int = 1, prompt: int = 32,
                 compare(
                     f"{name} {label} ({batch}×{prompt} + {new})",
                     lambda ours=ours, ids=ids, b=beams: ours.generate(
-                        ids, max_new_tokens=new, num_beams=b, eos_token_id=-1, length_penalty_style="power"
+                        ids, max_new_tokens=new, num_beams=b, length_penalty_style="power"
                     ),
                     lambda hf=hf, ids=ids, b=beams: hf.generate(
                         ids, max_new_tokens=new, num_beams=b, **_hf_options()
@@ -71,9 +74,9 @@ def per_token_latency(prefixes: tuple[int, ...] = (64, 256, 1024), new: int = 32
         ids = torch.randint(0, hf.config.vocab_size, (1, prefix))
         row = {}
         for name, fn in (
-            ("attnkit", lambda ids=ids: ours.generate(ids, max_new_tokens=new, eos_token_id=-1)),
+            ("attnkit", lambda ids=ids: ours.generate(ids, max_new_tokens=new)),
             ("transformers", lambda ids=ids: hf.generate(ids, max_new_tokens=new, **_hf_options())),
-            ("attnkit, prefix only", lambda ids=ids: ours.generate(ids, max_new_tokens=1, eos_token_id=-1)),
+            ("attnkit, prefix only", lambda ids=ids: ours.generate(ids, max_new_tokens=1)),
             ("transformers, prefix only", lambda ids=ids: hf.generate(ids, max_new_tokens=1, **_hf_options())),
         ):
             fn()

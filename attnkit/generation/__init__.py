@@ -26,6 +26,8 @@ def _validate(
     top_k: int | None,
     top_p: float | None,
     source_length_offset: int | None,
+    eos_token_id: int | None,
+    pad_token_id: int | None,
 ) -> None:
     cfg = model.config
     if cfg.family == "bert":
@@ -55,6 +57,9 @@ def _validate(
                 f"prompt of length {input_ids.shape[1]} plus max_new_tokens={max_new_tokens} exceeds the "
                 f"model's context of {cfg.max_len} positions; shorten the prompt or lower max_new_tokens"
             )
+    for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
+        if value is not None and not (isinstance(value, int) and 0 <= value < cfg.vocab_size):
+            raise ValueError(f"{name} must be a token id in [0, {cfg.vocab_size}), got {value!r}")
     if cfg.is_encoder_decoder and cfg.decoder_start_token_id is None:
         raise ValueError("the model's config has no decoder_start_token_id; set it to the decoder's first token")
 
@@ -91,7 +96,7 @@ def generate(
     """
     _validate(
         model, input_ids, max_new_tokens, num_beams, length_penalty_style, do_sample, temperature, top_k, top_p,
-        source_length_offset,
+        source_length_offset, eos_token_id, pad_token_id,
     )  # fmt: skip
     cfg = model.config
     eos = cfg.eos_token_id if eos_token_id is None else eos_token_id
@@ -115,7 +120,8 @@ def generate(
         incremental = IncrementalModel(model, input_ids, attention_mask, 1, max_new_tokens)
         if do_sample:
             generator = torch.Generator(device=input_ids.device)
-            generator.manual_seed(torch.seed() if seed is None else seed)
+            # Without a seed, draw one from the global generator: torch.manual_seed still governs it.
+            generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
             new = decode_one_path(
                 incremental, max_new_tokens, eos, pad, sampler(temperature, top_k, top_p, generator), budget
             )
