@@ -1,7 +1,7 @@
 """``python -m benchmarks SUITE [--small] [--out FILE]``: run a suite, print a Markdown table.
 
 Suites: ``forward`` (forward pass), ``generation`` (greedy and beam-4), ``latency`` (ms per
-new token as the prefix grows).
+new token as the prefix grows), ``training`` (train steps and MFU).
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks import forward, generation
+from benchmarks import forward, generation, training
 from benchmarks.common import machine, report
 
 SUITES = {
     "forward": (forward.run, "Forward throughput, fp32, identical weights"),
     "generation": (generation.run, "Generation throughput, fp32, identical weights"),
+    "training": (training.run, "Training step throughput (forward, backward, AdamW), fp32, identical weights"),
 }
 
 

@@ -8,7 +8,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import date
 from pathlib import Path
 
@@ -23,6 +23,7 @@ class Comparison:
     ours: list[float]  # seconds per call, each repeat
     peer: list[float]
     peer_name: str
+    notes: dict[str, float] = field(default_factory=dict)  # e.g. model FLOPs utilisation of each side
 
     def rate(self, times: list[float]) -> float:
         return self.work / statistics.median(times)
@@ -57,6 +58,13 @@ def compare(
     return Comparison(case, unit, work, t_ours, t_peer, peer_name)
 
 
+def add_mfu(result: Comparison, flops_per_unit: float, peak: float) -> Comparison:
+    """Model FLOPs utilisation of both sides: achieved model FLOP/s over the measured peak."""
+    result.notes["attnkit MFU"] = flops_per_unit * result.rate(result.ours) / peak
+    result.notes[f"{result.peer_name} MFU"] = flops_per_unit * result.rate(result.peer) / peak
+    return result
+
+
 def machine() -> dict[str, object]:
     return {
         "date": date.today().isoformat(),
@@ -78,6 +86,9 @@ def report(title: str, results: list[Comparison], out: Path | None) -> str:
         "|---|---|---|---|",
         *(r.row() for r in results),
     ]
+    notes = [f"- {r.case}: " + ", ".join(f"{k} {v:.1%}" for k, v in r.notes.items()) for r in results if r.notes]
+    if notes:
+        lines += ["", *notes]
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         payload = {"title": title, "machine": machine(), "results": [asdict(r) | {"ratio": r.ratio} for r in results]}
