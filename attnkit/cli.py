@@ -440,6 +440,8 @@ def _train(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     progress, final = train(run, args.out, resume=args.resume, force=args.force, progress_bar=not args.quiet,
                             session_steps=args.session_steps)  # fmt: skip
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 reports
+        return 0
     metrics = ", ".join(f"{k} {v:.4g}" for k, v in final.items() if k != "tokens")
     print(f"step {progress.step}: {progress.tokens:,} target tokens in {progress.seconds:.0f} s of training")
     print(f"validation: {metrics}")

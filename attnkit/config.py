@@ -315,8 +315,11 @@ class TrainConfig:
     objective: Objective | None = None  # None = the family's own
     max_steps: int = 1000  # optimiser steps
     time_budget: float | None = None  # seconds of training; stops at whichever comes first
-    batch_tokens: int = 4096  # per optimiser step and process (the paper: ~25,000)
+    batch_tokens: int = 4096  # per batch; each process trains on batches_per_step per step (the paper: ~25,000)
     grad_accum: int = 1  # micro-batches per optimiser step (each of batch_tokens / grad_accum)
+    # Batches of batch_tokens each process trains on per optimiser step: a step of W processes
+    # trains on W * batches_per_step consecutive batches, the same at any W for the same product.
+    batches_per_step: int = 1
     optimizer: Literal["adam", "adamw"] = "adam"
     lr: float = 2.0  # peak learning rate, or the Noam multiplier when schedule = "noam"
     betas: tuple[float, float] = (0.9, 0.98)  # the paper's
@@ -343,6 +346,7 @@ class TrainConfig:
             "max_steps",
             "batch_tokens",
             "grad_accum",
+            "batches_per_step",
             "checkpoint_every",
             "keep_checkpoints",
             "eval_batches",
@@ -373,11 +377,17 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """What to train on. ``path``: plain-text files (one document or sentence per line) for the
-    language-model objectives, tab-separated source/target files for translation."""
+    """What to train on. ``corpus="files"``: ``path`` holds plain-text files (one document or
+    sentence per line) for the language-model objectives, tab-separated source/target files for
+    translation. ``"bible"``: aligned public-domain Bibles (see :mod:`attnkit.data.corpora`),
+    split by whole chapters. ``"numbers"``: number words from num2words."""
 
-    corpus: Literal["files"] = "files"
+    corpus: Literal["files", "bible", "numbers"] = "files"  # files: data.path; the others are built in
     path: tuple[str, ...] = ()
+    source: str = "4"  # bible: source translation (4 = World English); numbers: source language (num2words)
+    target: str = "l"  # bible: target translation (l = Louis Segond 1910); numbers: target language
+    bibles: tuple[str, ...] = ("k", "4")  # bible, language models: the translations read as plain text
+    numbers: int = 20000  # numbers: how many (0 .. numbers-1)
     tokenizer: str | None = None  # a tokenizer.json to use; None = train a byte-level BPE on the data
     vocab_size: int = 8000  # when training the tokenizer
     max_tokens: int = 128  # longer examples are truncated

@@ -102,8 +102,9 @@ class ShardedBatches:
     ``batch_tokens`` is thus the budget of one rank. Step ``i`` of the ``W`` ranks together
     trains on batches ``iW .. iW + W - 1``: the examples a single process with the same
     ``batch_tokens`` sees in ``W`` consecutive steps. So ``W`` ranks equal one process that
-    accumulates gradients over ``W`` batches, and approximate one process with ``W`` times the
-    budget: the same number of tokens per update, packed into ``W`` batches instead of one.
+    accumulates gradients over ``W`` batches (:class:`StepBatches` with ``per_rank=W``), and
+    approximate one process with ``W`` times the budget: the same number of tokens per update,
+    packed into ``W`` batches instead of one.
 
     Every rank gets the same number of non-empty batches per epoch, as collective training
     needs: when an epoch's batch count is not a multiple of ``W``, the batches holding the most
@@ -128,20 +129,9 @@ class ShardedBatches:
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """This rank's batches of ``epoch``, in order."""
-        batches = self.unsharded.epoch_batches(epoch)
-        lengths = self.unsharded.lengths
-        needed = -len(batches) % self.world_size
-        if needed > len(lengths) - len(batches):  # each halving needs a batch of two or more examples
-            raise ValueError(
-                f"epoch {epoch} packs {len(batches)} batches from {len(lengths)} examples, too few to give each of "
-                f"{self.world_size} ranks a batch at every step; raise batch_tokens (most batches hold a single "
-                "example) or use fewer ranks"
-            )
-        for _ in range(needed):
-            largest = max(range(len(batches)), key=lambda i: len(batches[i]))
-            by_length = sorted(batches[largest], key=lambda i: lengths[i])
-            half = len(by_length) // 2
-            batches[largest : largest + 1] = [by_length[:half], by_length[half:]]
+        batches = padded_epoch(
+            self.unsharded, epoch, self.world_size, f"each of {self.world_size} ranks a batch at every step"
+        )
         return batches[self.rank :: self.world_size]
 
     def __iter__(self) -> BatchIterator:
@@ -191,6 +181,93 @@ class BatchIterator:
                 "with other data, batch_tokens, seed or world_size"
             )
         self.epoch, self.batch = epoch, batch
+
+
+def padded_epoch(unsharded: TokenBatches, epoch: int, multiple: int, what: str) -> list[list[int]]:
+    """The batches of ``epoch``, the ones holding the most examples halved (shorter half first)
+    until their number is a multiple of ``multiple``; ``what`` says what for, in the error."""
+    batches = unsharded.epoch_batches(epoch)
+    lengths = unsharded.lengths
+    needed = -len(batches) % multiple
+    if needed > len(lengths) - len(batches):  # each halving needs a batch of two or more examples
+        raise ValueError(
+            f"epoch {epoch} packs {len(batches)} batches from {len(lengths)} examples, too few to give {what}; "
+            "raise batch_tokens (most batches hold a single example) or use fewer ranks"
+        )
+    for _ in range(needed):
+        largest = max(range(len(batches)), key=lambda i: len(batches[i]))
+        by_length = sorted(batches[largest], key=lambda i: lengths[i])
+        half = len(by_length) // 2
+        batches[largest : largest + 1] = [by_length[:half], by_length[half:]]
+    return batches
+
+
+class StepBatches:
+    """Rank ``r``'s batches of every optimiser step, when each of ``W`` ranks trains on
+    ``per_rank`` batches per step: step ``i`` takes batches ``iG .. iG + G - 1`` of the epoch's
+    list (``G = W * per_rank``), and rank ``r`` the ``per_rank`` of them from ``r * per_rank``.
+
+    What a step trains on thus depends on ``G`` alone: ``W`` ranks with ``per_rank=k`` see, step
+    by step, what one process with ``per_rank=W*k`` sees, and a position saved by one resumes
+    exactly in the other. The list is padded by halving as in :class:`ShardedBatches` (which is
+    ``per_rank=1``), so every step has its ``G`` non-empty batches. ``epoch_batches`` returns
+    one entry per step: the rank's ``per_rank`` batches.
+    """
+
+    def __init__(self, unsharded: TokenBatches, rank: int, world_size: int, per_rank: int = 1) -> None:
+        if per_rank < 1:
+            raise ValueError(f"per_rank={per_rank} must be >= 1")
+        ShardedBatches(unsharded, rank, world_size)  # the same checks of rank and world_size
+        self.group = world_size * per_rank
+        if len(unsharded.lengths) < self.group:
+            raise ValueError(
+                f"{len(unsharded.lengths)} examples cannot fill steps of {self.group} batches ({world_size} ranks "
+                f"x {per_rank} batches each); use fewer ranks or batches per step, or more data"
+            )
+        self.unsharded, self.rank, self.world_size, self.per_rank = unsharded, rank, world_size, per_rank
+
+    def epoch_batches(self, epoch: int) -> list[list[list[int]]]:  # type: ignore[override]
+        """This rank's batches of each step of ``epoch``, in order."""
+        what = f"every step its {self.group} batches ({self.world_size} ranks x {self.per_rank})"
+        batches = padded_epoch(self.unsharded, epoch, self.group, what)
+        first = self.rank * self.per_rank
+        return [batches[i + first : i + first + self.per_rank] for i in range(0, len(batches), self.group)]
+
+    def __iter__(self) -> StepIterator:
+        return StepIterator(self)
+
+
+class StepIterator(BatchIterator):
+    """Endless iteration over the steps of a :class:`StepBatches`: each ``next`` gives the
+    rank's batches of one step. Its position, ``{"epoch": e, "batch": b}``, counts the batches
+    of the epoch's list that all ranks together have taken (``b = steps * G``), so it means the
+    same at any world size. Restored where ``G`` differs, the iterator continues at the first
+    step not yet begun: exactly where ``G`` divides ``b`` and the two lists agree, which they do
+    up to the halvings that pad them."""
+
+    source: StepBatches
+
+    def __init__(self, source: StepBatches) -> None:
+        super().__init__(source)  # type: ignore[arg-type]
+
+    def __next__(self) -> list[list[int]]:  # type: ignore[override]
+        return super().__next__()  # type: ignore[return-value]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batch": self.batch * self.source.group}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if set(state) != {"epoch", "batch"}:
+            raise ValueError(f"a batch position has the keys epoch and batch, got {sorted(state)}")
+        epoch, batch = state["epoch"], state["batch"]
+        if not (isinstance(epoch, int) and isinstance(batch, int) and epoch >= 0 and batch >= 0):
+            raise ValueError(f"epoch and batch must be integers >= 0, got epoch={epoch!r}, batch={batch!r}")
+        unpadded = len(self.source.unsharded.epoch_batches(epoch))
+        if unpadded <= batch <= len(self.source.unsharded.lengths):  # past the unpadded list: the epoch was done
+            step = len(self._batches_of(epoch))
+        else:
+            step = -(-batch // self.source.group)  # the first step not yet begun
+        super().load_state_dict({"epoch": epoch, "batch": step})
 
 
 def pack(order: Sequence[int], lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:

@@ -6,7 +6,8 @@ reads it), the optimiser's tensors in ``optimizer.safetensors``, its hyper-param
 trainer's position (step, data position, RNG states) in ``trainer_state.json`` /
 ``rng.safetensors``, and a ``COMPLETE`` marker. It is written into a temporary sibling,
 fsynced, marked complete, then renamed into place: a directory named ``step-*`` with the
-marker is whole, and nothing else is ever resumed. Nothing is pickled.
+marker is whole, and nothing else is ever resumed; old ones are renamed out of sight before
+they are deleted. Only one process writes (rank 0 under torchrun). Nothing is pickled.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import random
 import re
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,16 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
         return []
     found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / MARKER).is_file()]
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def remove_interrupted(run_dir: Path) -> list[Path]:
+    """Delete the temporary directories of saves that a killed run left behind (never a
+    ``step-*`` directory); returns what was deleted. Call it only while no run writes there."""
+    root = Path(run_dir) / CHECKPOINTS
+    leftovers = sorted([*root.glob(".step-*.tmp-*"), *root.glob(".step-*.old-*")]) if root.is_dir() else []
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+    return leftovers
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -111,7 +123,9 @@ def save_checkpoint(
     path = checkpoint_dir(run_dir, step)
     write_directory(path, files, overwrite=True)
     for old in complete_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old)
+        hidden = old.with_name(f".{old.name}.tmp-{uuid.uuid4().hex[:8]}")  # out of sight at once: a kill
+        old.rename(hidden)  # mid-delete leaves no partial step-* behind
+        shutil.rmtree(hidden)
     return path
 
 

@@ -4,7 +4,9 @@ under ``torchrun``. gloo on CPU, NCCL on GPU. Only rank 0 writes files."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -15,6 +17,8 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,24 @@ def wrap(model: nn.Module, world: World, strategy: str) -> nn.Module:
         return fully_shard(model)
     device_ids = [world.device.index] if world.device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+
+def on_main(world: World, fn: Callable[[], T]) -> T | None:
+    """``fn()`` on rank 0 alone while the other ranks wait (rank 0 prepares what they read):
+    its result on rank 0, None elsewhere. An exception on rank 0 stops every rank."""
+    if not world.distributed:
+        return fn()
+    result, error = None, None
+    if world.is_main:
+        try:
+            result = fn()
+        except Exception as e:  # raised below, once the other ranks know
+            error = e
+    if any_rank(error is not None, world):
+        if error is not None:
+            raise error
+        raise RuntimeError("rank 0 failed (its message says why); stopping this rank too")
+    return result
 
 
 def all_sum(values: list[float], world: World) -> list[float]:

@@ -32,7 +32,7 @@ from attnkit.objectives.masked_lm import MaskedLM
 from attnkit.objectives.span_corruption import SpanCorruption
 from attnkit.objectives.translation import Translation
 from attnkit.training import distributed
-from attnkit.training.checkpoint import CHECKPOINTS, latest_checkpoint, load_checkpoint
+from attnkit.training.checkpoint import CHECKPOINTS, latest_checkpoint, load_checkpoint, remove_interrupted
 from attnkit.training.evaluate import evaluate
 from attnkit.training.trainer import METRICS, Progress, Trainer
 
@@ -121,6 +121,9 @@ def prepare_run_dir(run_dir: Path, resume: bool, force: bool) -> None:
         )
     if run_dir.is_dir() and not has_run and any(run_dir.iterdir()):
         raise FileExistsError(f"{run_dir} is not empty and holds no run; choose an empty or new --out")
+    if has_run and resume:
+        for leftover in remove_interrupted(run_dir):
+            log.info("removed %s, left by a save that was interrupted", leftover)
     if has_run and force and not resume:
         for name in (CHECKPOINTS, METRICS, RUN_CONFIG, TOKENIZER):
             target = run_dir / name
@@ -180,10 +183,10 @@ def train(
         checkpoint = latest_checkpoint(run_dir) if resume else None
         if resume and checkpoint is None and world.is_main:
             log.warning("no complete checkpoint in %s: starting from the beginning", run_dir)
+        data = None
         if checkpoint is None:
             data = distributed.on_main(world, lambda: _start(run, run_dir))
-            data = data or load_data(run, run_dir, load_tokenizer(run_dir / TOKENIZER))
-        else:
+        if checkpoint is not None or data is None:
             data = load_data(run, run_dir, load_tokenizer(run_dir / TOKENIZER))
         run = model_config_for(run, data)
         if checkpoint is not None:  # a resumed run keeps its config, but for when to stop and report

@@ -85,6 +85,19 @@ def _tensorboard(run_dir: Path) -> Any:
     return SummaryWriter(str(run_dir / "tensorboard"))
 
 
+def _untrained_parameters(model: nn.Module, objective: Objective, example: Any) -> list[str]:
+    """Names of the trainable parameters that the objective's loss on ``example`` does not reach."""
+    was_training = model.training
+    model.eval()
+    batch = objective.batch([example], torch.Generator().manual_seed(0))
+    device = next(model.parameters()).device
+    objective.loss(model, {k: v.to(device) for k, v in batch.items()}).total.backward()
+    untrained = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    model.zero_grad(set_to_none=True)
+    model.train(was_training)
+    return untrained
+
+
 class Trainer:
     """Runs optimiser steps until ``train.max_steps`` or ``train.time_budget``."""
 
@@ -102,6 +115,16 @@ class Trainer:
         self.run, self.run_dir, self.world = run, run_dir, world
         self.bare = model  # the model itself, whatever wraps it
         self.parameter_names = [name for name, _ in model.named_parameters()]
+        if world.distributed and run.train.distributed == "ddp":
+            # DDP waits for a gradient of every trainable parameter at every step; one the loss
+            # never reaches (BERT's pooler under MLM) gets none, and no update on its own either
+            # (the optimiser skips it), so freezing it changes nothing but lets DDP run.
+            untrained = _untrained_parameters(model, objective, examples[0])
+            for name, p in model.named_parameters():
+                if name in untrained:
+                    p.requires_grad_(False)
+            if untrained and world.is_main:
+                log.info("not reached by the %s loss, so frozen under DDP: %s", objective.name, ", ".join(untrained))
         self.model = distributed.wrap(model, world, run.train.distributed)
         self.optimizer = make_optimizer(self.model, run)
         self.objective, self.examples, self.batches = objective, examples, batches

@@ -108,7 +108,9 @@ def reference_generate(model: torch.nn.Module, prompts: list[str], batch_size: i
     """What the CLI should print: left-padded batches through model.generate, decoded."""
     tokenizer, lines = model.tokenizer, []
     for index, batch in enumerate(batched(prompts, batch_size)):
-        encoded = [tokenizer.encode(p).ids or [BOS] for p in batch]
+        # attnkit's causal LMs train on <s> + text, so the CLI starts prompts with <s> when the
+        # tokenizer's <s> is the model's bos (as here)
+        encoded = [[BOS, *tokenizer.encode(p).ids] for p in batch]
         width = max(map(len, encoded))
         ids = torch.tensor([[PAD] * (width - len(e)) + e for e in encoded])
         mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
