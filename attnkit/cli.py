@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -445,8 +446,85 @@ def _train(args: argparse.Namespace) -> int:
     metrics = ", ".join(f"{k} {v:.4g}" for k, v in final.items() if k != "tokens")
     print(f"step {progress.step}: {progress.tokens:,} target tokens in {progress.seconds:.0f} s of training")
     print(f"validation: {metrics}")
+    saved = _saved_run(args.out)
+    if saved.objective == "translation":
+        _print_translation_report(args.out, saved)
     print(f"run directory: {args.out}  (total time {time.perf_counter() - start:.0f} s)")
-    print(f"load it with attnkit.from_pretrained({str(args.out)!r}); continue it with --resume")
+    if saved.objective == "translation":
+        print(f'use it: attnkit translate --model {args.out} "Blessed are the meek"')
+    else:
+        print(f"use it: attnkit.from_pretrained({str(args.out)!r}); continue training with --resume")
+    return 0
+
+
+def _saved_run(run_dir: str) -> RunConfig:
+    import json
+    from pathlib import Path
+
+    from attnkit.config import run_from_dict
+    from attnkit.training.run import RUN_CONFIG
+
+    path = Path(run_dir) / RUN_CONFIG
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no {RUN_CONFIG}); pass the --out of attnkit train")
+    return run_from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def _held_out(run: RunConfig, split: str) -> list:
+    from attnkit.training.run import read_texts
+
+    texts = read_texts(run)
+    part = texts.get(split)
+    if not part and split == "test":  # user files have no test split: their held-out part is valid
+        part = texts.valid
+    return part
+
+
+def _print_translation_report(run_dir: str, run: RunConfig, split: str = "test") -> None:
+    from pathlib import Path
+
+    import attnkit
+    from attnkit.training.report import translation_report
+
+    model = attnkit.from_pretrained(run_dir)
+    pairs = _held_out(run, split)
+    report = translation_report(model, model.tokenizer, pairs, run.data.max_tokens, Path(run_dir) / "alignment.png")
+    print(f"held-out {split} ({report.sentences} sentences), sacreBLEU {report.greedy.signature}:")
+    print(f"  greedy          BLEU {report.greedy.bleu:5.2f}  chrF {report.greedy.chrf:5.2f}")
+    print(f"  beam 4, α=0.6   BLEU {report.beam.bleu:5.2f}  chrF {report.beam.chrf:5.2f}")
+    for source, reference, hypothesis in report.samples:
+        print(f"  source:    {source}\n  reference: {reference}\n  attnkit:   {hypothesis}")
+    if report.figure is not None:
+        print(f"cross-attention alignment of the first sample: {report.figure}")
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    import math
+
+    import attnkit
+    from attnkit.data.tokenizer import specials_of
+    from attnkit.training.evaluate import evaluate
+    from attnkit.training.report import score_translations
+    from attnkit.training.run import encode, make_objective
+
+    run = _saved_run(args.model)
+    pairs = _held_out(run, args.split)
+    model = attnkit.from_pretrained(args.model)
+    if run.objective == "translation":
+        options = {"num_beams": args.num_beams}
+        if args.num_beams > 1:
+            options.update(length_penalty=args.length_penalty, length_penalty_style="gnmt")
+        scores = score_translations(model, model.tokenizer, pairs, run.data.max_tokens, **options)
+        result = f"BLEU {scores.bleu:.2f}, chrF {scores.chrf:.2f}"
+        print(f"{args.split}: {len(pairs)} sentences, beam {args.num_beams}: {result}")
+        print(f"  {scores.signature}")
+        return 0
+    examples = encode(model.tokenizer, pairs, run.data.max_tokens)
+    objective = make_objective(run, specials_of(model.tokenizer))
+    everything = RunConfig(run.model, dataclasses.replace(run.train, eval_batches=len(examples)), run.data)
+    result = evaluate(model, objective, examples, everything)
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float) and math.isfinite(v))
+    print(f"{args.split}: {len(examples)} examples, {result['tokens']} target tokens: {shown}")
     return 0
 
 
@@ -518,6 +596,19 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--session-steps", type=int, help="stop after this many steps (with a checkpoint)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(run=_train, accepts_overrides=True)
+
+    evaluate = sub.add_parser(
+        "evaluate",
+        help="score a trained run on its held-out split (BLEU/chrF, or loss and perplexity)",
+        description="Evaluate a run directory's model on its corpus's held-out split: sacreBLEU BLEU and chrF "
+        "for translation, loss, perplexity and accuracy for the language models.",
+        epilog="example: attnkit evaluate --model runs/translate-en-fr --split test --num-beams 4",
+    )
+    evaluate.add_argument("--model", required=True, help="a run directory (written by attnkit train)")
+    evaluate.add_argument("--split", choices=["valid", "test"], default="test", help="held-out split (default test)")
+    evaluate.add_argument("--num-beams", type=int, default=4, help="beam size for translation (default 4; 1 = greedy)")
+    evaluate.add_argument("--length-penalty", type=float, default=0.6, help="GNMT α for beam search (default 0.6)")
+    evaluate.set_defaults(run=_evaluate)
 
     fill = sub.add_parser(
         "fill-mask",

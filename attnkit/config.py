@@ -450,8 +450,96 @@ TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# Runs on the built-in corpora, sized for a 2-core CPU: (model preset, model, train, data changes).
+# The vocabulary size is the tokenizer's, set when the run starts.
+_CPU_TRANSLATOR = dict(d_model=256, n_heads=4, d_ff=1024, n_layers=3, dropout=0.1)
+_CPU_LM = dict(d_model=256, n_heads=4, d_ff=1024, n_layers=4, dropout=0.1, max_len=128)
+RUN_PRESETS: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = {
+    # The main job: English -> French on the World English Bible / Louis Segond 1910, with the
+    # paper's recipe (shared BPE, Noam, label smoothing 0.1, token batches) for 10 minutes.
+    "translate-en-fr": (
+        "transformer-base",
+        _CPU_TRANSLATOR,
+        dict(
+            lr=1.0,
+            warmup=400,
+            batch_tokens=3072,
+            max_steps=100_000,
+            time_budget=600.0,
+            checkpoint_every=200,
+            eval_every=0,
+            log_every=10,
+        ),
+        dict(corpus="bible", source="4", target="l", vocab_size=8000, max_tokens=96),
+    ),
+    # A seconds-long translation task for tests and quick experiments (German reorders the units).
+    "numbers-en-de": (
+        "transformer-tiny",
+        dict(dropout=0.0, n_layers=2),
+        dict(lr=1.0, warmup=100, batch_tokens=2048, max_steps=300, checkpoint_every=100, eval_every=0, log_every=10),
+        dict(corpus="numbers", source="en", target="de", numbers=5000, vocab_size=600, max_tokens=48),
+    ),
+    "gpt-bible": (
+        "gpt-tiny",
+        _CPU_LM,
+        dict(
+            lr=1e-3,
+            warmup=200,
+            batch_tokens=4096,
+            max_steps=100_000,
+            time_budget=600.0,
+            checkpoint_every=200,
+            eval_every=0,
+        ),
+        dict(corpus="bible", bibles=("k", "4"), vocab_size=8000, max_tokens=128),
+    ),
+    "bert-bible": (
+        "bert-tiny",
+        {**_CPU_LM, "max_len": 128},
+        dict(
+            lr=5e-4,
+            warmup=200,
+            batch_tokens=4096,
+            max_steps=100_000,
+            time_budget=600.0,
+            checkpoint_every=200,
+            eval_every=0,
+        ),
+        dict(corpus="bible", bibles=("k", "4"), vocab_size=8000, max_tokens=128),
+    ),
+    "t5-bible": (
+        "t5-tiny",
+        dict(d_model=256, n_heads=4, d_k=64, d_ff=1024, n_layers=3, dropout=0.1),
+        dict(
+            lr=1e-3,
+            warmup=200,
+            batch_tokens=4096,
+            max_steps=100_000,
+            time_budget=600.0,
+            checkpoint_every=200,
+            eval_every=0,
+        ),
+        dict(corpus="bible", bibles=("k", "4"), vocab_size=8000, max_tokens=128),
+    ),
+}
+
+
 def run_preset(name: str) -> RunConfig:
-    """A run config for a model preset: the family's objective and usual optimisation."""
+    """A run config: one of :data:`RUN_PRESETS`, or a model preset with the family's objective
+    and usual optimisation (and data to be given)."""
+    if name in RUN_PRESETS:
+        base, model, train, data = RUN_PRESETS[name]
+        family = PRESETS[base]["family"]
+        return RunConfig(
+            model=preset(base, **model),
+            train=TrainConfig(**{**TRAIN_DEFAULTS[family], **train}),
+            data=DataConfig(**data),
+        )
+    if name not in PRESETS:
+        known = sorted([*PRESETS, *RUN_PRESETS])
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown preset {name!r}{hint} (known: {', '.join(known)})")
     model = preset(name)
     return RunConfig(model=model, train=TrainConfig(**TRAIN_DEFAULTS[model.family]))
 

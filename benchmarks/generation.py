@@ -65,7 +65,7 @@ def run(repeats: int = 5, small: bool = False, batch: int = 1, prompt: int = 32,
     return results
 
 
-def per_token_latency(prefixes: tuple[int, ...] = (64, 256, 1024), new: int = 32, repeats: int = 3) -> dict:
+def per_token_latency(prefixes: tuple[int, ...] = (64, 256, 1024), new: int = 48, repeats: int = 5) -> dict:
     """Milliseconds per new token after a prefix of each length (greedy, batch 1), attnkit and
     transformers, on a model whose context holds the longest prefix."""
     ours, hf = _pair(dict(n_embd=256, n_layer=4, n_head=4), n_positions=max(prefixes) + new)

@@ -20,6 +20,7 @@ import torch
 from tokenizers import Tokenizer
 
 from attnkit.config import RunConfig, run_from_dict
+from attnkit.data import corpora
 from attnkit.data.batching import StepBatches, TokenBatches, split_train_valid
 from attnkit.data.files import read_lines, read_pairs
 from attnkit.data.specials import Specials
@@ -48,6 +49,7 @@ class Data:
     specials: Specials
     train: list[Any]  # token-id examples: list[int], or (source, target) pairs for translation
     valid: list[Any]
+    test: list[Any]  # empty for user files (their held-out part is valid)
 
 
 def cost(example: Any) -> int:
@@ -57,32 +59,57 @@ def cost(example: Any) -> int:
     return len(example) + 2
 
 
-def load_data(run: RunConfig, run_dir: Path, tokenizer: Tokenizer | None) -> Data:
-    """Read the files, train (or reuse) the tokenizer, encode, truncate and split."""
-    if not run.data.path:
+def read_texts(run: RunConfig) -> corpora.Split[Any]:
+    """The run's examples as text: lines, or (source, target) pairs for translation, split."""
+    data, translation = run.data, run.objective == "translation"
+    if data.corpus == "bible":
+        return corpora.bible_pairs(data.source, data.target) if translation else corpora.bible_text(data.bibles)
+    if data.corpus == "numbers":
+        if not translation:
+            raise ValueError("the numbers corpus holds translation pairs; train an encoder-decoder (translation) on it")
+        return corpora.numbers_pairs(data.numbers, data.source, data.target)
+    if not data.path:
         raise ValueError("no training data: pass --data.path FILE (plain text, or source<TAB>target for translation)")
-    limit = run.data.max_tokens - 2  # room for the specials the objective adds
-    if run.objective == "translation":
-        pairs = read_pairs(run.data.path)
-        texts = [text for pair in pairs for text in pair]
-    else:
-        texts = read_lines(run.data.path)
-    if tokenizer is None:
-        tokenizer = (
-            load_tokenizer(run.data.tokenizer) if run.data.tokenizer else train_tokenizer(texts, run.data.vocab_size)
+    items: list[Any] = read_pairs(data.path) if translation else read_lines(data.path)
+    if len(items) < 2:
+        raise ValueError(f"{', '.join(data.path)}: fewer than 2 examples; a run needs more data")
+    train_idx, valid_idx = split_train_valid(len(items), data.valid_fraction, run.train.seed)
+    return corpora.Split([items[i] for i in train_idx], [items[i] for i in valid_idx], [])
+
+
+def encode(tokenizer: Tokenizer, examples: list[Any], max_tokens: int) -> list[Any]:
+    """Token ids of text examples, truncated to leave room for the specials the objective
+    adds; examples with an empty side are dropped."""
+    pairs = bool(examples) and isinstance(examples[0], tuple)
+    texts = [t for e in examples for t in e] if pairs else examples
+    ids = [row[: max_tokens - 2] for row in encode_batch(tokenizer, texts)]
+    encoded: list[Any] = list(zip(ids[0::2], ids[1::2], strict=True)) if pairs else ids
+    return [e for e in encoded if (all(e) if pairs else e)]
+
+
+def load_data(run: RunConfig, tokenizer: Tokenizer | None) -> Data:
+    """Read the corpus, train (or reuse) the tokenizer on the training split, encode."""
+    texts = read_texts(run)
+    if tokenizer is None and run.data.tokenizer:
+        tokenizer = load_tokenizer(run.data.tokenizer)
+    if tokenizer is None:  # one vocabulary for source and target, as the paper's shared BPE
+        lines = (
+            [t for e in texts.train for t in e] if texts.train and isinstance(texts.train[0], tuple) else texts.train
         )
-    ids = [row[:limit] for row in encode_batch(tokenizer, texts)]
-    examples: list[Any] = list(zip(ids[0::2], ids[1::2], strict=True)) if run.objective == "translation" else ids
-    examples = [e for e in examples if (all(e) if isinstance(e, tuple) else e)]  # no empty side
-    if len(examples) < 2:
-        raise ValueError(f"{', '.join(run.data.path)}: fewer than 2 usable examples; a run needs more data")
-    train_idx, valid_idx = split_train_valid(len(examples), run.data.valid_fraction, run.train.seed)
-    return Data(tokenizer, specials_of(tokenizer), [examples[i] for i in train_idx], [examples[i] for i in valid_idx])
+        tokenizer = train_tokenizer(lines, run.data.vocab_size)
+    train, valid, test = (
+        encode(tokenizer, part, run.data.max_tokens) for part in (texts.train, texts.valid, texts.test)
+    )
+    if len(train) < 1 or len(valid) < 1:
+        raise ValueError(
+            "the corpus gave no usable training or validation example; check data.path and data.max_tokens"
+        )
+    return Data(tokenizer, specials_of(tokenizer), train, valid, test)
 
 
 def _start(run: RunConfig, run_dir: Path) -> Data:
     """A new run's data, with its config and tokenizer written into ``run_dir``."""
-    data = load_data(run, run_dir, None)
+    data = load_data(run, None)
     run = model_config_for(run, data)
     (run_dir / RUN_CONFIG).write_text(json.dumps(run.to_dict(), indent=2) + "\n", encoding="utf-8")
     data.tokenizer.save(str(run_dir / TOKENIZER))
@@ -187,7 +214,7 @@ def train(
         if checkpoint is None:
             data = distributed.on_main(world, lambda: _start(run, run_dir))
         if checkpoint is not None or data is None:
-            data = load_data(run, run_dir, load_tokenizer(run_dir / TOKENIZER))
+            data = load_data(run, load_tokenizer(run_dir / TOKENIZER))
         run = model_config_for(run, data)
         if checkpoint is not None:  # a resumed run keeps its config, but for when to stop and report
             saved = run_from_dict(json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8")))
