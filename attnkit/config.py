@@ -330,7 +330,8 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # cosine: floor as a fraction of the peak
     clip_norm: float | None = 1.0  # gradient clipping; None = off
     label_smoothing: float = 0.1  # translation only (the paper's ε_ls)
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # bf16/fp16: autocast (fp16 on GPU, with a scaler)
+    # bf16/fp16: autocast (fp16 on GPU, with a scaler); auto: bf16 where the hardware computes it natively
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
     seed: int = 0
     checkpoint_every: int = 500  # steps
     keep_checkpoints: int = 5  # the last k complete checkpoints are kept
@@ -469,6 +470,7 @@ RUN_PRESETS: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]
             checkpoint_every=200,
             eval_every=0,
             log_every=10,
+            precision="auto",
         ),
         dict(corpus="bible", source="4", target="l", vocab_size=8000, max_tokens=96),
     ),

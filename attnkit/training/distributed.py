@@ -45,6 +45,28 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bf16 natively (CUDA with bf16, or an x86 CPU with AVX512-BF16
+    or AMX), so that bf16 autocast speeds training up rather than emulating it."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = open("/proc/cpuinfo", encoding="utf-8").read()  # noqa: SIM115
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``train.precision`` made concrete: "auto" becomes bf16 where it is native, else fp32;
+    fp16 needs a GPU."""
+    if precision == "auto":
+        return "bf16" if native_bf16(device) else "fp32"
+    if precision == "fp16" and device.type != "cuda":
+        raise ValueError("train.precision=fp16 needs a CUDA device; on a CPU use bf16 (or auto)")
+    return precision
+
+
 def init_world(device_name: str) -> World:
     """The process group when launched by torchrun (WORLD_SIZE > 1), else a world of one."""
     size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -131,12 +131,13 @@ class Trainer:
         self.evaluate = evaluate
         self.progress = Progress()
         device = world.device.type
+        self.precision = distributed.resolve_precision(run.train.precision, world.device)
         self.autocast = (
-            torch.autocast(device, dtype=torch.bfloat16 if run.train.precision == "bf16" else torch.float16)
-            if run.train.precision != "fp32"
+            torch.autocast(device, dtype=torch.bfloat16 if self.precision == "bf16" else torch.float16)
+            if self.precision != "fp32"
             else contextlib.nullcontext()
         )
-        self.scaler = torch.amp.GradScaler(device, enabled=run.train.precision == "fp16")
+        self.scaler = torch.amp.GradScaler(device, enabled=self.precision == "fp16")
         self.tensorboard = _tensorboard(run_dir) if world.is_main else None
 
     # -- one step -------------------------------------------------------------------------
