@@ -230,7 +230,7 @@ def train(
         iterator = iter(StepBatches(batches, world.rank, world.size, run.train.batches_per_step))
         trainer = Trainer(
             run, run_dir, model, objective, data.train, iterator, world,
-            evaluate=lambda: evaluate(model, objective, data.valid, run, data.tokenizer),
+            evaluate=lambda: evaluate(model, objective, data.valid, run, data.tokenizer, bleu=True),
         )  # fmt: skip
         if state is not None:
             distributed.load_optimizer(trainer.model, trainer.optimizer, optimizer_state)

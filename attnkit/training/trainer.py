@@ -229,9 +229,14 @@ class Trainer:
         call (then a checkpoint is written, and ``--resume`` continues exactly)."""
         cfg = self.run.train
         stop_at = cfg.max_steps if session_steps is None else min(cfg.max_steps, self.progress.step + session_steps)
+        # The bar follows the limit that binds: the time budget in seconds, else the steps.
+        by_time = cfg.time_budget is not None
         bar = tqdm(
-            total=cfg.max_steps, initial=self.progress.step, desc="training", unit="step",
-            disable=not (progress_bar and self.world.is_main), dynamic_ncols=True,
+            total=cfg.time_budget if by_time else stop_at,
+            initial=self.progress.seconds if by_time else self.progress.step,
+            desc="training", unit="s" if by_time else "step", disable=not (progress_bar and self.world.is_main),
+            dynamic_ncols=True,
+            bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]" if by_time else None,
         )  # fmt: skip
         session_start, trained_before = time.perf_counter(), self.progress.seconds
         tokens_since, clock = 0, time.perf_counter()
@@ -239,14 +244,17 @@ class Trainer:
             stats = self._step(next(self.batches))
             self.progress.seconds = trained_before + time.perf_counter() - session_start
             tokens_since += stats["tokens"]
-            bar.update(1)
+            bar.update(min(self.progress.seconds, cfg.time_budget) - bar.n if by_time else 1)
             step = self.progress.step
             if step % cfg.log_every == 0 or step == cfg.max_steps:
                 now = time.perf_counter()
                 stats["tokens_per_s"] = tokens_since / max(now - clock, 1e-9)
                 tokens_since, clock = 0, now
                 bar.set_postfix(
-                    loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{stats['tokens_per_s']:.0f}"
+                    step=step,
+                    loss=f"{stats['loss']:.3f}",
+                    lr=f"{stats['lr']:.2e}",
+                    tok_s=f"{stats['tokens_per_s']:.0f}",
                 )
                 self.write_metrics({"split": "train", **stats, "seconds": self.progress.seconds})
             out_of_time = cfg.time_budget is not None and self.progress.seconds >= cfg.time_budget
