@@ -455,6 +455,10 @@ TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
 # The vocabulary size is the tokenizer's, set when the run starts.
 _CPU_TRANSLATOR = dict(d_model=256, n_heads=4, d_ff=1024, n_layers=3, dropout=0.1)
 _CPU_LM = dict(d_model=256, n_heads=4, d_ff=1024, n_layers=4, dropout=0.1, max_len=128)
+_TEN_MINUTES = dict(
+    warmup=200, batch_tokens=4096, max_steps=100_000, time_budget=600.0, checkpoint_every=200, eval_every=0
+)
+_BIBLE_TEXT = dict(corpus="bible", bibles=("k", "4"), vocab_size=8000, max_tokens=128)  # King James + World English
 RUN_PRESETS: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = {
     # The main job: English -> French on the World English Bible / Louis Segond 1910, with the
     # paper's recipe (shared BPE, Noam, label smoothing 0.1, token batches) for 10 minutes.
@@ -481,47 +485,13 @@ RUN_PRESETS: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]
         dict(lr=1.0, warmup=100, batch_tokens=2048, max_steps=300, checkpoint_every=100, eval_every=0, log_every=10),
         dict(corpus="numbers", source="en", target="de", numbers=5000, vocab_size=600, max_tokens=48),
     ),
-    "gpt-bible": (
-        "gpt-tiny",
-        _CPU_LM,
-        dict(
-            lr=1e-3,
-            warmup=200,
-            batch_tokens=4096,
-            max_steps=100_000,
-            time_budget=600.0,
-            checkpoint_every=200,
-            eval_every=0,
-        ),
-        dict(corpus="bible", bibles=("k", "4"), vocab_size=8000, max_tokens=128),
-    ),
-    "bert-bible": (
-        "bert-tiny",
-        {**_CPU_LM, "max_len": 128},
-        dict(
-            lr=5e-4,
-            warmup=200,
-            batch_tokens=4096,
-            max_steps=100_000,
-            time_budget=600.0,
-            checkpoint_every=200,
-            eval_every=0,
-        ),
-        dict(corpus="bible", bibles=("k", "4"), vocab_size=8000, max_tokens=128),
-    ),
+    "gpt-bible": ("gpt-tiny", _CPU_LM, dict(lr=1e-3, **_TEN_MINUTES), _BIBLE_TEXT),
+    "bert-bible": ("bert-tiny", _CPU_LM, dict(lr=5e-4, **_TEN_MINUTES), _BIBLE_TEXT),
     "t5-bible": (
         "t5-tiny",
         dict(d_model=256, n_heads=4, d_k=64, d_ff=1024, n_layers=3, dropout=0.1),
-        dict(
-            lr=1e-3,
-            warmup=200,
-            batch_tokens=4096,
-            max_steps=100_000,
-            time_budget=600.0,
-            checkpoint_every=200,
-            eval_every=0,
-        ),
-        dict(corpus="bible", bibles=("k", "4"), vocab_size=8000, max_tokens=128),
+        dict(lr=1e-3, **_TEN_MINUTES),
+        _BIBLE_TEXT,
     ),
 }
 
