@@ -34,7 +34,9 @@ def _marian(cfg: Any) -> torch.nn.Module:
         vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.vocab_size, d_model=cfg.d_model,
         encoder_layers=cfg.n_layers, decoder_layers=cfg.n_layers, encoder_attention_heads=cfg.n_heads,
         decoder_attention_heads=cfg.n_heads, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
-        activation_function="relu", dropout=cfg.dropout, attention_dropout=cfg.dropout, activation_dropout=0.0,
+        # attnkit drops out sub-layer outputs, attention weights and the FFN's hidden units at
+        # `dropout`: the same three here, so that both do the same work and regularisation.
+        activation_function="relu", dropout=cfg.dropout, attention_dropout=cfg.dropout, activation_dropout=cfg.dropout,
         scale_embedding=True, max_position_embeddings=256, pad_token_id=cfg.pad_token_id,
         eos_token_id=cfg.eos_token_id, decoder_start_token_id=cfg.decoder_start_token_id,
         forced_eos_token_id=cfg.eos_token_id,
