@@ -89,14 +89,10 @@ def attach_tokenizer(model: torch.nn.Module, directory: Path) -> None:
     """Set ``model.tokenizer`` (a ``tokenizers.Tokenizer``) from ``directory/tokenizer.json``
     where the directory has one, attnkit's or Hugging Face's."""
     path = directory / TOKENIZER
-    if not path.exists():
-        return
-    from tokenizers import Tokenizer
+    if path.exists():
+        from attnkit.data.tokenizer import load_tokenizer
 
-    try:
-        model.tokenizer = Tokenizer.from_file(str(path))
-    except Exception as err:  # tokenizers raises a bare Exception for a file it cannot read
-        raise ValueError(f"{path} is not a tokenizer the tokenizers library reads ({err})") from None
+        model.tokenizer = load_tokenizer(path)
 
 
 def _fsync_dir(path: Path) -> None:
