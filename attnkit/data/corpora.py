@@ -59,10 +59,17 @@ def bible_db() -> Path:
     return path
 
 
+# Louis Segond marks 1,475 verses with the Hebrew numbering, "(7:26) L'Éternel dit…", a marker
+# that no English source carries and a translator must not learn to invent.
+_VERSE_MARKER = re.compile(r"\(\d+:\d+\)?\s*")
+
+
 def normalise(text: str) -> str:
     """One line of clean text: the World English Bible writes apostrophes and inner quotes as
-    backticks (God`s), and some verses carry stray whitespace."""
-    return re.sub(r"\s+", " ", text.replace("`", "'")).strip()
+    backticks (God`s) and brackets words implied by the original ([even]), Louis Segond marks
+    some verses with their Hebrew verse number, and some verses carry stray whitespace."""
+    text = _VERSE_MARKER.sub("", text.strip().replace("`", "'"))
+    return re.sub(r"\s+", " ", re.sub(r"[\[\]]", "", text)).strip()
 
 
 def _verses(code: str) -> dict[tuple[int, int, int], str]:

@@ -3,6 +3,8 @@ round trip on real text."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from attnkit.data import corpora
@@ -35,6 +37,12 @@ def test_bible_pairs_split_by_whole_chapters(pairs: corpora.Split) -> None:
 def test_world_english_backticks_are_normalised(pairs: corpora.Split) -> None:
     assert not any("`" in s for s, _ in pairs.train)
     assert any("God's" in s for s, _ in pairs.train)
+
+
+def test_verse_numbers_and_editorial_brackets_are_dropped(pairs: corpora.Split) -> None:
+    everything = [text for split in (pairs.train, pairs.valid, pairs.test) for pair in split for text in pair]
+    assert not any(re.search(r"\(\d+:\d+|[\[\]]", text) for text in everything)
+    assert corpora.normalise("fils. (3:2) O Éternel, [even] `x`  ") == "fils. O Éternel, even 'x'"
 
 
 def test_monolingual_text_holds_both_translations_out_together() -> None:
