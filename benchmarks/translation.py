@@ -2,6 +2,8 @@
 size, trained on the same Bible pairs, tokenizer, batches, precision and budget with the same
 plain loop (Adam (0.9, 0.98, 1e-9), Noam, label smoothing 0.1), scored by sacreBLEU (greedy)
 on the same held-out verses at regular intervals of training time — the BLEU-vs-minutes curve.
+The two train in one process, a step each in turn, each on its own clock, so that a busy
+machine slows both alike.
 
 ``python -m benchmarks translation [--small | --budget SECONDS]``; ``--small`` trains each for 60 s.
 """
@@ -50,43 +52,57 @@ def _bleu(hypotheses: list[str], references: list[str]) -> float:
     return sacrebleu.corpus_bleu(hypotheses, [references]).score
 
 
-def _train(
-    name: str, model: torch.nn.Module, data: Any, run: Any, budget: float, points: int
-) -> list[tuple[float, float]]:
-    """Train ``model`` for ``budget`` seconds, scoring greedy BLEU every ``budget / points``."""
-    objective = Translation(data.specials)
-    batches = iter(TokenBatches([cost(e) for e in data.train], run.train.batch_tokens, run.train.seed))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=native_bf16(torch.device("cpu")))
-    sources = [s for s, _ in data.valid[:SENTENCES]]
-    references = [decode(data.tokenizer, t) for _, t in data.valid[:SENTENCES]]
-    curve, trained, step, next_point = [], 0.0, 0, budget / points
-    torch.manual_seed(0)
-    while trained < budget:
+class _Side:
+    """One contestant: its model, optimizer and own clock of training seconds."""
+
+    def __init__(self, name: str, model: torch.nn.Module, data: Any, run: Any) -> None:
+        self.name, self.model, self.data, self.run = name, model, data, run
+        self.objective = Translation(data.specials)
+        self.batches = iter(TokenBatches([cost(e) for e in data.train], run.train.batch_tokens, run.train.seed))
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+        self.trained, self.steps = 0.0, 0
+        self.curve: list[tuple[float, float]] = []
+
+    def step(self) -> None:
         start = time.perf_counter()
-        step += 1
-        for group in optimizer.param_groups:
-            group["lr"] = noam(step, run.model.d_model, run.train.warmup, run.train.lr)
-        batch = objective.batch([data.train[i] for i in next(batches)], torch.Generator().manual_seed(step))
-        model.train()
-        with autocast:
-            logits = model(
+        self.steps += 1
+        run = self.run
+        for group in self.optimizer.param_groups:
+            group["lr"] = noam(self.steps, run.model.d_model, run.train.warmup, run.train.lr)
+        examples = [self.data.train[i] for i in next(self.batches)]
+        batch = self.objective.batch(examples, torch.Generator().manual_seed(self.steps))
+        self.model.train()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=native_bf16(torch.device("cpu"))):
+            logits = self.model(
                 input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                 decoder_input_ids=batch["decoder_input_ids"], decoder_attention_mask=batch["decoder_attention_mask"],
             ).logits  # fmt: skip
         total, tokens = label_smoothed_nll(logits.float(), batch["labels"], 0.1)
-        optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
         (total / tokens).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        trained += time.perf_counter() - start
-        if trained >= next_point or trained >= budget:
-            model.eval()
-            hypotheses = [decode(data.tokenizer, ids) for ids in _translate(model, sources, run)]
-            curve.append((trained / 60, _bleu(hypotheses, references)))
-            print(f"{name}: step {step}, {trained / 60:.1f} min, BLEU {curve[-1][1]:.2f}", flush=True)
-            next_point += budget / points
-    return curve
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.trained += time.perf_counter() - start
+
+    def score(self) -> None:
+        """Greedy BLEU on the first ``SENTENCES`` validation verses (not counted as training time)."""
+        self.model.eval()
+        sources = [s for s, _ in self.data.valid[:SENTENCES]]
+        references = [decode(self.data.tokenizer, t) for _, t in self.data.valid[:SENTENCES]]
+        hypotheses = [decode(self.data.tokenizer, ids) for ids in _translate(self.model, sources, self.run)]
+        self.curve.append((self.trained / 60, _bleu(hypotheses, references)))
+        print(f"{self.name}: step {self.steps}, {self.trained / 60:.1f} min, BLEU {self.curve[-1][1]:.2f}", flush=True)
+
+
+def _race(sides: list[_Side], budget: float, points: int) -> None:
+    """Train every side for ``budget`` seconds of its own clock, one step each in turn, so that
+    whatever else the machine is doing slows them alike; score each every ``budget / points``."""
+    for point in range(1, points + 1):
+        while behind := [s for s in sides if s.trained < budget * point / points]:
+            for side in behind:
+                side.step()
+        for side in sides:
+            side.score()
 
 
 @torch.no_grad()
@@ -112,8 +128,10 @@ def run(small: bool = False, points: int = 5, budget: float | None = None) -> di
     data = load_data(config, None)
     config = model_config_for(config, data)
     budget = budget or (60.0 if small else config.train.time_budget)
+    sides = []
+    for name, make in (("attnkit", build_model), ("transformers MarianMT", _marian)):
+        torch.manual_seed(0)
+        sides.append(_Side(name, make(config.model), data, config))
     torch.manual_seed(0)
-    curves = {"attnkit": _train("attnkit", build_model(config.model), data, config, budget, points)}
-    torch.manual_seed(0)
-    curves["transformers MarianMT"] = _train("MarianMT", _marian(config.model), data, config, budget, points)
-    return curves
+    _race(sides, budget, points)
+    return {side.name: side.curve for side in sides}
