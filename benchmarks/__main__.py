@@ -1,8 +1,10 @@
 """``python -m benchmarks SUITE [--small] [--out FILE]``: run a suite, print a Markdown table.
 
-Suites: ``forward`` (forward pass), ``generation`` (greedy and beam-4), ``latency`` (ms per
-new token as the prefix grows), ``training`` (train steps and MFU), ``translation`` (BLEU at
-equal wall time vs a MarianMT of the same size).
+Suites: ``peak`` (the machine's fp32 and bf16 matmul FLOP/s, the limit for MFU), ``forward``
+(forward pass), ``generation`` (greedy and beam-4), ``latency`` (ms per new token as the prefix
+grows), ``training`` (train steps and MFU), ``attention`` (time and memory of the math and
+fused paths as n grows to 16k), ``translation`` (BLEU at equal wall time vs a MarianMT of the
+same size).
 """
 
 from __future__ import annotations
@@ -11,14 +13,23 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks import forward, generation, training, translation
+import torch
+
+from benchmarks import attention, forward, generation, training, translation
 from benchmarks.common import machine, report
 
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SUITES = {
     "forward": (forward.run, "Forward throughput, fp32, identical weights"),
     "generation": (generation.run, "Generation throughput, fp32, identical weights"),
     "training": (training.run, "Training step throughput (forward, backward, AdamW), fp32, identical weights"),
 }
+
+
+def _write(out: Path | None, payload: dict) -> None:
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"machine": machine(), **payload}, indent=2) + "\n")
 
 
 def _latency(out: Path | None, repeats: int) -> str:
@@ -30,9 +41,35 @@ def _latency(out: Path | None, repeats: int) -> str:
         "|---|---|---|",
         *(f"| {p} | {row['attnkit']:.2f} | {row['transformers']:.2f} |" for p, row in table.items()),
     ]
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"machine": machine(), "ms_per_token": table}, indent=2) + "\n")
+    _write(out, {"ms_per_token": table})
+    return "\n".join(lines)
+
+
+def _peak(out: Path | None, repeats: int) -> str:
+    peaks = {name: training.matmul_peak(repeats=repeats, dtype=dtype) for name, dtype in PRECISIONS.items()}
+    _write(out, {"matmul_flops_per_second": peaks})
+    return "\n".join([
+        "### Matmul peak (2048² product, best of repeats)", "", "| precision | GFLOP/s |", "|---|---|",
+        *(f"| {name} | {flops / 1e9:,.0f} |" for name, flops in peaks.items()),
+    ])  # fmt: skip
+
+
+def _attention(out: Path | None, small: bool, repeats: int) -> str:
+    table = attention.run(small=small, repeats=repeats)
+    _write(out, {"attention": table})
+    lines = [
+        "### Causal self-attention, 2 heads × 64, one call: math path vs fused (SDPA)",
+        "",
+        "| n | math ms | fused ms | math MiB | fused MiB | fused / math memory |",
+        "|---|---|---|---|---|---|",
+    ]
+    for n, row in table.items():
+        math, fused = row["math"], row["fused"]
+        share = fused["extra_bytes"] / max(math["extra_bytes"], 1)
+        lines.append(
+            f"| {n} | {1e3 * math['seconds']:,.1f} | {1e3 * fused['seconds']:,.1f} | "
+            f"{math['extra_bytes'] / 2**20:,.0f} | {fused['extra_bytes'] / 2**20:,.0f} | {share:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -47,20 +84,24 @@ def _translation(out: Path | None, small: bool, budget: float | None) -> str:
     ]
     for points in zip(*curves.values(), strict=False):
         lines.append(f"| {points[0][0]:.1f} | " + " | ".join(f"{bleu:.2f}" for _, bleu in points) + " |")
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"machine": machine(), "curves": curves}, indent=2) + "\n")
+    _write(out, {"curves": curves})
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("suite", choices=[*sorted(SUITES), "latency", "translation"])
+    parser.add_argument("suite", choices=[*sorted(SUITES), "peak", "attention", "latency", "translation"])
     parser.add_argument("--small", action="store_true", help="tiny shapes (a quick check that it runs)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write the raw numbers as JSON")
     parser.add_argument("--budget", type=float, help="translation: seconds of training for each side")
     args = parser.parse_args()
+    if args.suite == "peak":
+        print(_peak(args.out, args.repeats))
+        return
+    if args.suite == "attention":
+        print(_attention(args.out, args.small, min(args.repeats, 3)))
+        return
     if args.suite == "latency":
         print(_latency(args.out, args.repeats))
         return

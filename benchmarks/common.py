@@ -4,15 +4,13 @@ the median and the min–max of each and the ratio of medians. Never an assert: 
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import date
 from pathlib import Path
 
-import torch
+from attnkit.machine import machine
 
 
 @dataclass
@@ -63,16 +61,6 @@ def add_mfu(result: Comparison, flops_per_unit: float, peak: float) -> Compariso
     result.notes["attnkit MFU"] = flops_per_unit * result.rate(result.ours) / peak
     result.notes[f"{result.peer_name} MFU"] = flops_per_unit * result.rate(result.peer) / peak
     return result
-
-
-def machine() -> dict[str, object]:
-    return {
-        "date": date.today().isoformat(),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-    }
 
 
 def report(title: str, results: list[Comparison], out: Path | None) -> str:
