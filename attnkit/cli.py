@@ -18,6 +18,7 @@ from attnkit.data.specials import BOS
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from attnkit.chapter.report import Section
     from attnkit.models.core import Model
 
 _T = TypeVar("_T")
@@ -537,6 +538,26 @@ def _average(args: argparse.Namespace) -> int:
     return 0
 
 
+def _figures(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from attnkit.chapter.figures import EXPERIMENTS, check_output_dir, write_report
+    from attnkit.chapter.report import Context
+
+    out = Path(args.out)
+    check_output_dir(out, args.force)
+    names = args.only or EXPERIMENTS
+    start = time.perf_counter()
+
+    def done(name: str, section: Section, seconds: float) -> None:
+        print(f"[{names.index(name) + 1}/{len(names)}] {section.title}: {seconds:.1f} s", flush=True)
+
+    ctx = Context(out=out, quick=args.quick, seed=args.seed, model=args.model)
+    report = write_report(ctx, names, on_section=done)
+    print(f"wrote {report} and its figures in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
@@ -644,6 +665,30 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--out", required=True, help="the model directory to write")
     average.add_argument("--force", action="store_true", help="replace a non-empty --out")
     average.set_defaults(run=_average)
+
+    from attnkit.chapter.figures import EXPERIMENTS
+
+    figures = sub.add_parser(
+        "figures",
+        help="run the chapter's experiments: figures and a measured REPORT.md",
+        description="Regenerate every figure, property and table of the chapter from live code: the flow of "
+        "attention, the 1/sqrt(d_k) variance argument, positional encodings and their rotation, the causal "
+        "mask, attention heads of a trained translator, the complexity table measured, pre-LN vs post-LN, "
+        "and the three families trained side by side. Writes PNGs, REPORT.md and report.json to --out.",
+        epilog="examples:\n"
+        "  attnkit figures --quick --out /tmp/chapter\n"
+        "  attnkit figures --out chapter-report --model runs/translate-en-fr-20261130-0510\n"
+        "  attnkit figures --only variance positions --out /tmp/chapter",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    figures.add_argument("--out", default="chapter-report", help="output directory (default chapter-report)")
+    figures.add_argument("--quick", action="store_true", help="CI-sized shapes and budgets (about 3 minutes)")
+    figures.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+    figures.add_argument("--model", metavar="RUN", help="a trained translator for the attention-heads section")
+    figures.add_argument("--only", nargs="+", choices=EXPERIMENTS, metavar="NAME",
+                         help=f"run only these experiments ({', '.join(EXPERIMENTS)})")  # fmt: skip
+    figures.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    figures.set_defaults(run=_figures)
 
     generate = sub.add_parser(
         "generate",

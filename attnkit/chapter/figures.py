@@ -1,0 +1,91 @@
+"""``attnkit figures``: run the chapter's experiments and write their figures, ``REPORT.md``
+(each section citing its chapter labels, every number measured) and ``report.json`` (the same
+numbers as data), stating the machine, the seed, the mode and the time each section took."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from attnkit.chapter.report import Context, Section
+from attnkit.machine import machine
+
+# In the chapter's order; each names a module of attnkit.chapter with run(ctx) -> Section.
+EXPERIMENTS: tuple[str, ...] = (
+    "flow", "variance", "positions", "masking", "heads", "complexity", "prenorm", "families",
+)  # fmt: skip
+REPORT, NUMBERS = "REPORT.md", "report.json"
+
+
+def check_output_dir(out: Path, force: bool) -> None:
+    """Refuse to write into a directory that holds anything but an earlier report, unless forced:
+    the figures must never overwrite a user's files."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file; name a directory")
+    if force or not any(out.iterdir()) or (out / NUMBERS).is_file():
+        return
+    raise FileExistsError(f"--out {out} is not empty and holds no earlier report; choose a new directory or --force")
+
+
+def write_report(
+    ctx: Context,
+    names: Sequence[str] = EXPERIMENTS,
+    on_section: Callable[[str, Section, float], None] | None = None,
+) -> Path:
+    """Run the experiments ``names`` in order into ``ctx.out``; return the path of ``REPORT.md``.
+
+    ``on_section(name, section, seconds)`` is called after each, e.g. to print progress."""
+    unknown = [n for n in names if n not in EXPERIMENTS]
+    if unknown:
+        raise ValueError(f"unknown experiment {unknown[0]!r}; choose from {', '.join(EXPERIMENTS)}")
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    about = machine()
+    sections: dict[str, tuple[Section, float]] = {}
+    start = time.perf_counter()
+    for name in names:
+        begin = time.perf_counter()
+        section = importlib.import_module(f"attnkit.chapter.{name}").run(ctx)
+        sections[name] = (section, time.perf_counter() - begin)
+        if on_section is not None:
+            on_section(name, section, sections[name][1])
+    total = time.perf_counter() - start
+    mode = "quick (CI-sized)" if ctx.quick else "full"
+    header = [
+        "# The chapter, executable: measured report",
+        "",
+        f"Written by `attnkit figures{' --quick' if ctx.quick else ''}` on {about['date']} in {total / 60:.1f} "
+        f"minutes ({mode} mode, seed {ctx.seed}). Every number below was measured by the code in "
+        "`attnkit/chapter/`; the labels in brackets are those of `06-attention.tex`.",
+        "",
+        f"Machine: {about['processor']}, {about['cores']} cores, torch {about['torch']} with "
+        f"{about['threads']} threads{', GPU ' + str(about['gpu']) if 'gpu' in about else ''}; {about['platform']}.",
+        "",
+        *(f"- [{s.title}](#{_anchor(s.title)}) ({t:.0f} s)" for s, t in sections.values()),
+        "",
+    ]
+    body = [section.markdown() for section, _ in sections.values()]
+    path = ctx.out / REPORT
+    path.write_text("\n".join(header) + "\n" + "\n".join(body), encoding="utf-8")
+    numbers = {
+        "machine": about,
+        "seed": ctx.seed,
+        "quick": ctx.quick,
+        "seconds": total,
+        "sections": {
+            name: {"title": s.title, "labels": list(s.labels), "figures": s.figures, "seconds": t, "numbers": s.numbers}
+            for name, (s, t) in sections.items()
+        },
+    }
+    (ctx.out / NUMBERS).write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def _anchor(title: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    kept = "".join(c for c in title.lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
