@@ -35,7 +35,7 @@ class Comparison:
         lo, hi = self.work / max(self.ours), self.work / min(self.ours)
         plo, phi = self.work / max(self.peer), self.work / min(self.peer)
         return (
-            f"| {self.case} | {self.rate(self.ours):,.0f} ({lo:,.0f}–{hi:,.0f}) | "
+            f"| {self.case} | {self.peer_name} | {self.rate(self.ours):,.0f} ({lo:,.0f}–{hi:,.0f}) | "
             f"{self.rate(self.peer):,.0f} ({plo:,.0f}–{phi:,.0f}) | {self.ratio:.2f}× |"
         )
 
@@ -65,13 +65,12 @@ def add_mfu(result: Comparison, flops_per_unit: float, peak: float) -> Compariso
 
 def report(title: str, results: list[Comparison], out: Path | None) -> str:
     """A Markdown table (returned) and, when ``out`` is given, the raw numbers as JSON."""
-    peer = results[0].peer_name if results else "peer"
     unit = results[0].unit if results else "tokens"
     lines = [
         f"### {title}",
         "",
-        f"| case | attnkit {unit}/s (min–max) | {peer} {unit}/s (min–max) | attnkit / {peer} |",
-        "|---|---|---|---|",
+        f"| case | peer | attnkit {unit}/s (min–max) | peer {unit}/s (min–max) | attnkit / peer |",
+        "|---|---|---|---|---|",
         *(r.row() for r in results),
     ]
     notes = [f"- {r.case}: " + ", ".join(f"{k} {v:.1%}" for k, v in r.notes.items()) for r in results if r.notes]

@@ -15,6 +15,9 @@ from pathlib import Path
 import torch
 
 import attnkit
+from attnkit.config import preset
+from attnkit.models import build_model
+from attnkit.nn.positional import sinusoidal_table
 from attnkit.objectives.base import token_loss
 from benchmarks.common import Comparison, add_mfu, compare
 
@@ -62,6 +65,29 @@ def _marian_pair(d_model: int, layers: int, vocab: int, seq: int) -> tuple[torch
     return _convert(hf), hf
 
 
+class TorchTransformer(torch.nn.Module):
+    """The chapter's encoder–decoder assembled from ``torch.nn.Transformer``: shared embeddings
+    scaled by √d_model plus sinusoidal positions, post-LN layers, an output layer tied to the
+    embeddings — the same size and computation as attnkit's ``transformer`` family."""
+
+    def __init__(self, vocab: int, d_model: int, heads: int, layers: int, d_ff: int, max_len: int) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d_model)
+        self.register_buffer("positions", sinusoidal_table(max_len, d_model), persistent=False)
+        self.core = torch.nn.Transformer(
+            d_model, heads, layers, layers, d_ff, dropout=0.0, batch_first=True, norm_first=False
+        )
+        self.scale = d_model**0.5
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        def embed(ids: torch.Tensor) -> torch.Tensor:
+            return self.embed(ids) * self.scale + self.positions[: ids.shape[1]]
+
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        hidden = self.core(embed(src), embed(tgt), tgt_mask=mask, tgt_is_causal=True)
+        return hidden @ self.embed.weight.T  # (B, T, d_model) -> (B, T, vocab)
+
+
 def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn) -> None:
     optimizer.zero_grad(set_to_none=True)
     loss_fn(model).backward()
@@ -105,6 +131,25 @@ def run(repeats: int = 5, small: bool = False, batch: int = 8, seq: int = 128) -
             ),
             lambda: _step(hf, opt_hf, lambda m: m(ids, decoder_input_ids=labels, labels=labels).loss),
             work=batch * seq, peer_name="transformers", repeats=repeats,
+        )
+    )  # fmt: skip
+    add_mfu(results[-1], model_flops_per_token(ours, seq), peak)
+    ours = build_model(preset("transformer-base", vocab_size=vocab, d_model=d_model, n_heads=d_model // 64,
+                              d_ff=4 * d_model, n_layers=layers, dropout=0.0, max_len=seq)).train()  # fmt: skip
+    torch_model = TorchTransformer(vocab, d_model, d_model // 64, layers, 4 * d_model, seq).train()
+    opt_ours, opt_torch = (torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (ours, torch_model))
+    results.append(
+        compare(
+            f"encoder–decoder d={d_model} N={layers}+{layers} train step ({batch}×{seq} → {seq})",
+            lambda: _step(
+                ours, opt_ours,
+                lambda m: token_loss(m(ids, decoder_input_ids=labels).logits, labels).total / labels.numel(),
+            ),
+            lambda: _step(
+                torch_model, opt_torch,
+                lambda m: torch.nn.functional.cross_entropy(m(ids, labels).flatten(0, 1), labels.flatten()),
+            ),
+            work=batch * seq, peer_name="torch.nn.Transformer", repeats=repeats,
         )
     )  # fmt: skip
     add_mfu(results[-1], model_flops_per_token(ours, seq), peak)
