@@ -13,7 +13,7 @@ from torch import Tensor
 from attnkit.models.core import EncoderDecoderModel
 
 
-def _pieces(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
+def pieces(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
     """Readable token labels (byte-level BPE marks a leading space with Ġ)."""
     return [tokenizer.id_to_token(i).replace("Ġ", "▁") for i in ids]
 
@@ -33,7 +33,7 @@ def cross_attention(
     decoder_input = torch.tensor([[cfg.decoder_start_token_id, *target[:-1]]])
     record = model(input_ids, decoder_input_ids=decoder_input, output_attentions=True).attentions["decoder"]
     weights = torch.stack([w[0] for w in record["cross"]])  # N × (B=1, H, T, S) -> (N, H, T, S)
-    return _pieces(tokenizer, src), _pieces(tokenizer, target), weights
+    return pieces(tokenizer, src), pieces(tokenizer, target), weights
 
 
 def plot_alignment(

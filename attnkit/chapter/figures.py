@@ -77,7 +77,14 @@ def write_report(
         "quick": ctx.quick,
         "seconds": total,
         "sections": {
-            name: {"title": s.title, "labels": list(s.labels), "figures": s.figures, "seconds": t, "numbers": s.numbers}
+            name: {
+                "title": s.title,
+                "labels": list(s.labels),
+                "text": s.text,
+                "figures": s.figures,
+                "seconds": t,
+                "numbers": s.numbers,
+            }
             for name, (s, t) in sections.items()
         },
     }

@@ -40,6 +40,11 @@ class Section:
         return f"## {self.title}\n\n*Chapter: {cites}*\n\n{self.text.strip()}\n{images}"
 
 
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table."""
+    return "\n".join(f"| {' | '.join(row)} |" for row in [header, ["---"] * len(header), *rows])
+
+
 def pyplot() -> Any:
     """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib

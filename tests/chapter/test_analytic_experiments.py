@@ -5,16 +5,13 @@ Each runs once in quick mode; the tests read its figures and measured numbers.""
 from __future__ import annotations
 
 import itertools
-import json
 import math
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
 
 from attnkit.chapter import flow, masking, positions, variance
-from attnkit.chapter.report import Context, Section
+from attnkit.chapter.report import Section
 from attnkit.nn.attention import attention_math
 from attnkit.nn.masks import causal_mask
 from attnkit.nn.positional import sinusoidal_table
@@ -22,35 +19,11 @@ from attnkit.nn.positional import sinusoidal_table
 MODULES = {"flow": flow, "variance": variance, "positions": positions, "masking": masking}
 
 
-@pytest.fixture(scope="module")
-def sections(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Section]]]:
-    """Every experiment run once, quick, into one directory. One thread: these are tiny tensors,
-    and a second thread only waits for a busy machine's other core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("figures")
-    try:
-        yield out, {name: module.run(Context(out=out, quick=True)) for name, module in MODULES.items()}
-    finally:
-        torch.set_num_threads(threads)
-
-
-@pytest.mark.parametrize("name", list(MODULES))
-def test_section_has_png_figures_and_json_numbers(sections: tuple[Path, dict[str, Section]], name: str) -> None:
-    out, by_name = sections
-    section = by_name[name]
-    assert section.figures and section.labels and section.text.strip()
-    for figure in section.figures:
-        assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", figure
-        assert f"({figure})" in section.markdown()
-    assert json.loads(json.dumps(section.numbers)) == section.numbers
-
-
 # --- [fig:att-sdpa-flow] -----------------------------------------------------------------
 
 
-def test_flow_shapes_follow_the_stages(sections: tuple[Path, dict[str, Section]]) -> None:
-    n = sections[1]["flow"].numbers
+def test_flow_shapes_follow_the_stages(sections: dict[str, Section]) -> None:
+    n = sections["flow"].numbers
     B, H, T, d_model, d_k = n["batch"], n["heads"], n["seq_len"], n["d_model"], n["d_k"]
     assert d_k == d_model // H
     assert n["shapes"] == {
@@ -67,8 +40,8 @@ def test_flow_shapes_follow_the_stages(sections: tuple[Path, dict[str, Section]]
     }
 
 
-def test_flow_measures_the_scale_the_rows_and_the_mask(sections: tuple[Path, dict[str, Section]]) -> None:
-    n = sections[1]["flow"].numbers
+def test_flow_measures_the_scale_the_rows_and_the_mask(sections: dict[str, Section]) -> None:
+    n = sections["flow"].numbers
     assert n["scale_measured"] == pytest.approx(1 / math.sqrt(n["d_k"]), rel=1e-6)
     assert n["rows_sum_max_error"] < 1e-6
     assert n["masked_weight_max"] == 0.0
@@ -96,8 +69,8 @@ def test_trace_refuses_a_call_without_attention() -> None:
 # --- [prop:att-variance] -----------------------------------------------------------------
 
 
-def test_dot_product_variance_is_d_k(sections: tuple[Path, dict[str, Section]]) -> None:
-    n = sections[1]["variance"].numbers
+def test_dot_product_variance_is_d_k(sections: dict[str, Section]) -> None:
+    n = sections["variance"].numbers
     assert set(n["variance_ratio"]) == {str(d) for d in variance.HIST_DIMS}
     for d in variance.HIST_DIMS:
         key = str(d)
@@ -107,8 +80,8 @@ def test_dot_product_variance_is_d_k(sections: tuple[Path, dict[str, Section]]) 
         assert abs(n["mean"][key]) < 5 * math.sqrt(d / n["pairs"])  # 5 standard errors
 
 
-def test_without_the_factor_the_softmax_saturates(sections: tuple[Path, dict[str, Section]]) -> None:
-    n = sections[1]["variance"].numbers
+def test_without_the_factor_the_softmax_saturates(sections: dict[str, Section]) -> None:
+    n = sections["variance"].numbers
     dims = sorted(int(d) for d in n["entropy_scaled"])
     assert dims[0] <= 4 and dims[-1] == 1024
     scaled = [n["entropy_scaled"][str(d)] for d in dims]
@@ -119,8 +92,8 @@ def test_without_the_factor_the_softmax_saturates(sections: tuple[Path, dict[str
     assert n["max_weight_unscaled"]["1024"] > 0.8 > 0.3 > n["max_weight_scaled"]["1024"]
 
 
-def test_without_the_factor_the_typical_gradient_vanishes(sections: tuple[Path, dict[str, Section]]) -> None:
-    n = sections[1]["variance"].numbers
+def test_without_the_factor_the_typical_gradient_vanishes(sections: dict[str, Section]) -> None:
+    n = sections["variance"].numbers
     small, large = min(n["grad_q_scaled"], key=int), "1024"
     assert n["grad_q_unscaled"][small] > n["grad_q_scaled"][small]  # no 1/√d_k: larger while responsive
     assert n["grad_q_unscaled"][large] < 0.1 * n["grad_q_scaled"][large]
@@ -132,8 +105,8 @@ def test_without_the_factor_the_typical_gradient_vanishes(sections: tuple[Path, 
 # --- [prop:att-pe-linear] ----------------------------------------------------------------
 
 
-def test_wavelengths_run_from_two_pi(sections: tuple[Path, dict[str, Section]]) -> None:
-    n = sections[1]["positions"].numbers
+def test_wavelengths_run_from_two_pi(sections: dict[str, Section]) -> None:
+    n = sections["positions"].numbers
     d = n["d_model"]
     assert n["layout"] == "interleaved"
     assert n["wavelength_min"] == pytest.approx(2 * math.pi, rel=1e-5)
@@ -141,8 +114,8 @@ def test_wavelengths_run_from_two_pi(sections: tuple[Path, dict[str, Section]]) 
     assert n["wavelength_max_rel_error"] < 1e-5
 
 
-def test_relative_offset_is_a_rotation_of_every_pair(sections: tuple[Path, dict[str, Section]]) -> None:
-    n = sections[1]["positions"].numbers
+def test_relative_offset_is_a_rotation_of_every_pair(sections: dict[str, Section]) -> None:
+    n = sections["positions"].numbers
     assert set(n["rotation_max_error_by_offset"]) == {str(k) for k in positions.OFFSETS}
     assert max(n["rotation_max_error_by_offset"].values()) == n["rotation_max_error"]
     assert n["rotation_max_error"] < 1e-5
@@ -159,15 +132,15 @@ def test_rotation_check_rejects_the_wrong_pairing() -> None:
 # --- [eq:att-mask] -----------------------------------------------------------------------
 
 
-def test_masked_weights_are_exact_zeros(sections: tuple[Path, dict[str, Section]]) -> None:
-    n = sections[1]["masking"].numbers
+def test_masked_weights_are_exact_zeros(sections: dict[str, Section]) -> None:
+    n = sections["masking"].numbers
     assert n["tokens"] == masking.words(masking.SENTENCE) and len(n["tokens"]) == 11
     assert n["above_diagonal_max"] == 0.0
     assert n["rows_sum_max_error"] < 1e-5
 
 
-def test_future_tokens_do_not_change_past_outputs(sections: tuple[Path, dict[str, Section]]) -> None:
-    n = sections[1]["masking"].numbers
+def test_future_tokens_do_not_change_past_outputs(sections: dict[str, Section]) -> None:
+    n = sections["masking"].numbers
     assert n["future_change_max"] < 1e-6  # exactly 0.0 on the CPU kernels
     assert n["future_change_max_math_path"] < 1e-6
     assert n["replaced_change_min"] > 1e-3  # the replacements did reach the model

@@ -16,18 +16,13 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
-from attnkit.chapter.complexity import K, peak_bytes, run, unrolled_lstm
-from attnkit.chapter.report import Context, Section
+from attnkit.chapter.complexity import K, peak_bytes, unrolled_lstm
+from attnkit.chapter.report import Section
 
 
 @pytest.fixture(scope="module")
-def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("complexity")
-
-
-@pytest.fixture(scope="module")
-def section(out: Path) -> Section:
-    return run(Context(out=out, quick=True))
+def section(sections: dict[str, Section]) -> Section:
+    return sections["complexity"]
 
 
 def _smallest_power_reaching(n: int) -> int:
@@ -70,7 +65,7 @@ def test_attention_sequential_ops_are_constant_recurrent_grow(section: Section) 
     seq = section.numbers["sequential_ops"]
     assert len(set(seq["attention"].values())) == 1
     assert len(set(seq["convolution"].values())) == 1
-    counts = [seq["recurrent"][n] for n in sorted(seq["recurrent"])]
+    counts = [seq["recurrent"][n] for n in sorted(seq["recurrent"], key=int)]  # JSON keys: strings
     assert counts == sorted(counts) and counts[-1] > counts[0]
     assert section.numbers["sequential_ops_growth"]["recurrent"]["form"] == "linear"
 
@@ -80,18 +75,18 @@ def test_attention_path_length_is_one(section: Section) -> None:
 
 
 def test_recurrent_path_length_is_n_minus_one(section: Section) -> None:
-    assert all(count == n - 1 for n, count in section.numbers["path_length"]["recurrent"].items())
+    assert all(count == int(n) - 1 for n, count in section.numbers["path_length"]["recurrent"].items())
 
 
 def test_dilated_convolution_path_length_is_log_k_n(section: Section) -> None:
     path = section.numbers["path_length"]["convolution"]
-    assert all(count == _smallest_power_reaching(n) for n, count in path.items())
+    assert all(count == _smallest_power_reaching(int(n)) for n, count in path.items())
     assert section.numbers["path_length_growth"]["convolution"]["form"] == "logarithmic"
 
 
 def test_contiguous_convolution_path_length_is_n_over_k(section: Section) -> None:
     path = section.numbers["path_length"]["convolution (contiguous)"]
-    assert all(count == -(-(n - 1) // (K - 1)) for n, count in path.items())
+    assert all(count == -(-(int(n) - 1) // (K - 1)) for n, count in path.items())
 
 
 def test_unrolled_lstm_equals_nn_lstm() -> None:
