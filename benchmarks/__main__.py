@@ -94,6 +94,7 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="tiny shapes (a quick check that it runs)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write the raw numbers as JSON")
+    parser.add_argument("--compile", action="store_true", help="forward, training: torch.compile attnkit's model")
     parser.add_argument("--budget", type=float, help="translation: seconds of training for each side")
     args = parser.parse_args()
     if args.suite == "peak":
@@ -109,7 +110,16 @@ def main() -> None:
         print(_translation(args.out, args.small, args.budget))
         return
     run, title = SUITES[args.suite]
-    print(report(title, run(repeats=args.repeats, small=args.small), args.out))
+    options = {"compile": True} if args.compile else {}
+    if args.compile and args.suite not in ("forward", "training"):
+        parser.error("--compile applies to the forward and training suites")
+    print(
+        report(
+            title + (", attnkit compiled" if args.compile else ""),
+            run(repeats=args.repeats, small=args.small, **options),
+            args.out,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
+
 from attnkit.machine import machine
 
 
@@ -42,9 +44,18 @@ class Comparison:
 
 def compare(
     case: str, ours: Callable[[], object], peer: Callable[[], object], work: int, peer_name: str,
-    unit: str = "tokens", repeats: int = 7, warmup: int = 2,
+    unit: str = "tokens", repeats: int = 7, warmup: int = 2, compile_ours: torch.nn.Module | None = None,
 ) -> Comparison:  # fmt: skip
-    """Time ``ours`` and ``peer`` alternately (so drifts in machine load hit both alike)."""
+    """Time ``ours`` and ``peer`` alternately (so drifts in machine load hit both alike).
+
+    ``compile_ours``: the model ``ours`` runs, compiled in place with ``torch.compile`` first;
+    the first call (tracing and code generation) is reported as its compile time."""
+    compile_seconds = None
+    if compile_ours is not None:
+        compile_ours.compile()
+        start = time.perf_counter()
+        ours()
+        compile_seconds = time.perf_counter() - start
     for _ in range(warmup):
         ours(), peer()
     t_ours, t_peer = [], []
@@ -53,7 +64,10 @@ def compare(
             start = time.perf_counter()
             fn()
             times.append(time.perf_counter() - start)
-    return Comparison(case, unit, work, t_ours, t_peer, peer_name)
+    result = Comparison(case, unit, work, t_ours, t_peer, peer_name)
+    if compile_seconds is not None:
+        result.notes["attnkit compile seconds"] = compile_seconds
+    return result
 
 
 def add_mfu(result: Comparison, flops_per_unit: float, peak: float) -> Comparison:
@@ -61,6 +75,10 @@ def add_mfu(result: Comparison, flops_per_unit: float, peak: float) -> Compariso
     result.notes["attnkit MFU"] = flops_per_unit * result.rate(result.ours) / peak
     result.notes[f"{result.peer_name} MFU"] = flops_per_unit * result.rate(result.peer) / peak
     return result
+
+
+def _note(key: str, value: float) -> str:
+    return f"{key} {value:.1%}" if key.endswith("MFU") else f"{key} {value:.1f}"
 
 
 def report(title: str, results: list[Comparison], out: Path | None) -> str:
@@ -73,7 +91,7 @@ def report(title: str, results: list[Comparison], out: Path | None) -> str:
         "|---|---|---|---|---|",
         *(r.row() for r in results),
     ]
-    notes = [f"- {r.case}: " + ", ".join(f"{k} {v:.1%}" for k, v in r.notes.items()) for r in results if r.notes]
+    notes = [f"- {r.case}: " + ", ".join(_note(k, v) for k, v in r.notes.items()) for r in results if r.notes]
     if notes:
         lines += ["", *notes]
     if out is not None:

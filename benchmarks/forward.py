@@ -22,7 +22,9 @@ def _pair(hf_model: torch.nn.Module) -> torch.nn.Module:
         return attnkit.from_pretrained(Path(tmp))
 
 
-def run(batch: int = 4, seq_len: int = 256, repeats: int = 7, small: bool = False) -> list[Comparison]:
+def run(
+    batch: int = 4, seq_len: int = 256, repeats: int = 7, small: bool = False, compile: bool = False
+) -> list[Comparison]:
     import transformers
 
     torch.manual_seed(0)
@@ -42,6 +44,7 @@ def run(batch: int = 4, seq_len: int = 256, repeats: int = 7, small: bool = Fals
                     lambda ours=ours, ids=ids, mask=mask: ours(ids, attention_mask=mask),
                     lambda hf=hf, ids=ids, mask=mask: hf(ids, attention_mask=mask),
                     work=batch * seq_len, peer_name="transformers", repeats=repeats,
+                    compile_ours=ours if compile else None,
                 )
             )  # fmt: skip
     return results

@@ -101,7 +101,9 @@ def model_flops_per_token(model: torch.nn.Module, seq: int) -> float:
     return 6 * params + 12 * stacks * seq * cfg.d_model
 
 
-def run(repeats: int = 5, small: bool = False, batch: int = 8, seq: int = 128) -> list[Comparison]:
+def run(
+    repeats: int = 5, small: bool = False, batch: int = 8, seq: int = 128, compile: bool = False
+) -> list[Comparison]:
     d_model, layers, vocab = (128, 2, 1000) if small else (512, 6, 8000)
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
@@ -117,6 +119,7 @@ def run(repeats: int = 5, small: bool = False, batch: int = 8, seq: int = 128) -
             lambda: _step(ours, opt_ours, lambda m: token_loss(m(ids).logits, labels).total / labels.numel()),
             lambda: _step(hf, opt_hf, lambda m: m(ids, labels=ids).loss),
             work=batch * seq, peer_name="transformers", repeats=repeats,
+            compile_ours=ours if compile else None,
         )
     )  # fmt: skip
     add_mfu(results[-1], model_flops_per_token(ours, seq), peak)
@@ -131,6 +134,7 @@ def run(repeats: int = 5, small: bool = False, batch: int = 8, seq: int = 128) -
             ),
             lambda: _step(hf, opt_hf, lambda m: m(ids, decoder_input_ids=labels, labels=labels).loss),
             work=batch * seq, peer_name="transformers", repeats=repeats,
+            compile_ours=ours if compile else None,
         )
     )  # fmt: skip
     add_mfu(results[-1], model_flops_per_token(ours, seq), peak)
@@ -150,6 +154,7 @@ def run(repeats: int = 5, small: bool = False, batch: int = 8, seq: int = 128) -
                 lambda m: torch.nn.functional.cross_entropy(m(ids, labels).flatten(0, 1), labels.flatten()),
             ),
             work=batch * seq, peer_name="torch.nn.Transformer", repeats=repeats,
+            compile_ours=ours if compile else None,
         )
     )  # fmt: skip
     add_mfu(results[-1], model_flops_per_token(ours, seq), peak)

@@ -110,6 +110,12 @@ def check_ids(name: str, ids: Tensor, vocab_size: int) -> None:
         raise ValueError(f"{name} must be a (batch, seq_len) integer tensor, got {shape}")
     if ids.shape[1] == 0:
         raise ValueError(f"{name} is empty (seq_len 0); pass at least one token")
+    if ids.shape[0] == 0:
+        raise ValueError(f"{name} is empty (batch size 0); pass at least one sequence")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name} must hold int64 token ids, got dtype {ids.dtype}; pass {name}.long()")
+    if torch.compiler.is_compiling():
+        return  # reading the values would break the compiled graph; the embedding lookup still refuses them
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
