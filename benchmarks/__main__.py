@@ -3,19 +3,20 @@
 Suites: ``peak`` (the machine's fp32 and bf16 matmul FLOP/s, the limit for MFU), ``forward``
 (forward pass), ``generation`` (greedy and beam-4), ``latency`` (ms per new token as the prefix
 grows), ``training`` (train steps and MFU), ``attention`` (time and memory of the math and
-fused paths as n grows to 16k), ``translation`` (BLEU at equal wall time vs a MarianMT of the
-same size).
+fused paths as n grows to 16k), ``gpu`` (the bf16 suite on one accelerator: benchmarks/gpu.sh),
+``translation`` (BLEU at equal wall time vs a MarianMT of the same size).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from benchmarks import attention, forward, generation, training, translation
+from benchmarks import attention, forward, generation, gpu, training, translation
 from benchmarks.common import machine, report
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -73,6 +74,22 @@ def _attention(out: Path | None, small: bool, repeats: int) -> str:
     return "\n".join(lines)
 
 
+def _gpu(out: Path | None, small: bool, repeats: int, device: str) -> str:
+    result = gpu.run(device=device, small=small, repeats=repeats)
+    comparison = result["training"]
+    _write(out, {**result, "training": asdict(comparison) | {"ratio": comparison.ratio}})
+    lines = [
+        f"### On {result['device']}: bf16 matmul peak {result['bf16_matmul_peak'] / 1e12:,.1f} TFLOP/s",
+        "",
+        report("Training step, bf16 autocast, identical weights", [comparison], None),
+    ]
+    if result["attention_peak_bytes"]:
+        lines += ["", "| n | math path MiB | fused path MiB |", "|---|---|---|"]
+        for n, row in result["attention_peak_bytes"].items():
+            lines.append(f"| {n} | {row['math'] / 2**20:,.0f} | {row['fused'] / 2**20:,.0f} |")
+    return "\n".join(lines)
+
+
 def _translation(out: Path | None, small: bool, budget: float | None) -> str:
     curves = translation.run(small=small, budget=budget)
     names = list(curves)
@@ -90,13 +107,17 @@ def _translation(out: Path | None, small: bool, budget: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("suite", choices=[*sorted(SUITES), "peak", "attention", "latency", "translation"])
+    parser.add_argument("suite", choices=[*sorted(SUITES), "peak", "attention", "latency", "translation", "gpu"])
     parser.add_argument("--small", action="store_true", help="tiny shapes (a quick check that it runs)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write the raw numbers as JSON")
     parser.add_argument("--compile", action="store_true", help="forward, training: torch.compile attnkit's model")
+    parser.add_argument("--device", default="cuda", help="gpu: the device to run on (cpu with --small to try it)")
     parser.add_argument("--budget", type=float, help="translation: seconds of training for each side")
     args = parser.parse_args()
+    if args.suite == "gpu":
+        print(_gpu(args.out, args.small, args.repeats, args.device))
+        return
     if args.suite == "peak":
         print(_peak(args.out, args.repeats))
         return
