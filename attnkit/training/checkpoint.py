@@ -8,10 +8,13 @@ trainer's position (step, data position, RNG states) in ``trainer_state.json`` /
 fsynced, marked complete, then renamed into place: a directory named ``step-*`` with the
 marker is whole, and nothing else is ever resumed; old ones are renamed out of sight before
 they are deleted. Only one process writes (rank 0 under torchrun). Nothing is pickled.
+A save that fails (a full disk, a read-only directory) removes its temporary directory and
+raises :class:`CheckpointSaveError`; the complete checkpoints before it are left as they were.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import random
 import re
@@ -21,18 +24,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors import SafetensorError
 from torch import Tensor
 
-from attnkit.models.io import CONFIG, FORMAT, FORMAT_VERSION, WEIGHTS, write_directory
+from attnkit.models.io import CONFIG, FORMAT, FORMAT_VERSION, WEIGHTS, load_safetensors, read_json, write_directory
 
 CHECKPOINTS = "checkpoints"
 MARKER = "COMPLETE"
 _NAME = re.compile(r"^step-(\d{8})$")
+_OS_ERROR = re.compile(r"os error (\d+)")  # how safetensors reports the errno of a failed write
+
+
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written; the complete checkpoints before it are intact."""
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / CHECKPOINTS / f"step-{step:08d}"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step of checkpoint directory ``path`` (``step-00000100`` -> 100)."""
+    return int(_NAME.match(path.name).group(1))
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -42,7 +55,7 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / MARKER).is_file()]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+    return sorted(found, key=checkpoint_step)
 
 
 def remove_interrupted(run_dir: Path) -> list[Path]:
@@ -121,7 +134,10 @@ def save_checkpoint(
         MARKER: b"",  # written last: its presence means every file above is on disk
     }
     path = checkpoint_dir(run_dir, step)
-    write_directory(path, files, overwrite=True)
+    try:
+        write_directory(path, files, overwrite=True)
+    except (OSError, SafetensorError) as err:
+        raise CheckpointSaveError(_save_failure(path, err)) from err
     for old in complete_checkpoints(run_dir)[:-keep]:
         hidden = old.with_name(f".{old.name}.tmp-{uuid.uuid4().hex[:8]}")  # out of sight at once: a kill
         old.rename(hidden)  # mid-delete leaves no partial step-* behind
@@ -129,12 +145,31 @@ def save_checkpoint(
     return path
 
 
+def _save_failure(path: Path, err: OSError | SafetensorError) -> str:
+    """One line: which save failed, why, what survived and what to do."""
+    previous = latest_checkpoint(path.parent.parent)
+    kept = f"the last complete one, {previous.name}, is intact" if previous else "no earlier checkpoint exists"
+    code = err.errno if isinstance(err, OSError) else None
+    if code is None and (found := _OS_ERROR.search(str(err))):
+        code = int(found.group(1))
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        fix = f"free space on the disk of {path.parent} (or lower train.keep_checkpoints)"
+    elif code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = f"make {path.parent} writable"
+    else:
+        fix = f"fix the cause of the error in {path.parent}"
+    return f"could not save checkpoint {path.name} in {path.parent}: {err}; {kept}; {fix}"
+
+
 def load_checkpoint(path: Path) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, Any]]:
     """(model tensors, optimizer state dict, trainer state) of a complete checkpoint; the RNG
-    states are restored as a side effect."""
+    states are restored as a side effect, once every file has been read and checked."""
     if not (path / MARKER).is_file():
         raise ValueError(f"{path} is not a complete checkpoint (no {MARKER} marker); it was interrupted mid-write")
-    trainer_state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
-    optimizer = _optimizer_state(load_file(path / "optimizer.safetensors"), trainer_state.pop("optimizer"))
-    set_rng_states(load_file(path / "rng.safetensors"), trainer_state.pop("python_rng"))
-    return load_file(path / WEIGHTS), optimizer, trainer_state
+    trainer_state = read_json(path / "trainer_state.json")
+    weights, optimizer_tensors, rng = (
+        load_safetensors(path / f) for f in (WEIGHTS, "optimizer.safetensors", "rng.safetensors")
+    )
+    optimizer = _optimizer_state(optimizer_tensors, trainer_state.pop("optimizer"))
+    set_rng_states(rng, trainer_state.pop("python_rng"))
+    return weights, optimizer, trainer_state

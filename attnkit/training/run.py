@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,15 @@ from attnkit.objectives.masked_lm import MaskedLM
 from attnkit.objectives.span_corruption import SpanCorruption
 from attnkit.objectives.translation import Translation
 from attnkit.training import distributed
-from attnkit.training.checkpoint import CHECKPOINTS, latest_checkpoint, load_checkpoint, remove_interrupted
+from attnkit.training.checkpoint import (
+    CHECKPOINTS,
+    checkpoint_step,
+    latest_checkpoint,
+    load_checkpoint,
+    remove_interrupted,
+)
 from attnkit.training.evaluate import evaluate
-from attnkit.training.trainer import METRICS, Progress, Trainer
+from attnkit.training.trainer import METRICS, Progress, Trainer, trim_metrics
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +158,10 @@ def prepare_run_dir(run_dir: Path, resume: bool, force: bool) -> None:
     if has_run and resume:
         for leftover in remove_interrupted(run_dir):
             log.info("removed %s, left by a save that was interrupted", leftover)
+        latest = latest_checkpoint(run_dir)
+        dropped = trim_metrics(run_dir, checkpoint_step(latest) if latest else 0)
+        if dropped:
+            log.info("dropped %d metrics records written after the last checkpoint; they are trained again", dropped)
     if has_run and force and not resume:
         for name in (CHECKPOINTS, METRICS, RUN_CONFIG, TOKENIZER):
             target = run_dir / name
@@ -167,7 +178,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, force: bool) -> None:
 # exactly what W*k batches per step trained (a change of W*k is allowed, with a warning).
 RESUMABLE_CHANGES = frozenset(
     {"max_steps", "time_budget", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every"}
-    | {"distributed", "batches_per_step"}
+    | {"distributed", "batches_per_step", "skip_nonfinite", "compile"}
 )
 
 
@@ -195,12 +206,15 @@ def train(
     force: bool = False,
     progress_bar: bool = True,
     session_steps: int | None = None,
+    stop: threading.Event | None = None,
 ) -> tuple[Progress, dict[str, float]]:
     """Train ``run`` into ``run_dir``; returns where it ended and the final evaluation.
 
     ``resume`` continues the run's latest complete checkpoint (or starts from the beginning
     when there is none); ``session_steps`` stops this call after that many steps, with a
-    checkpoint, so that a later ``resume`` picks up exactly there."""
+    checkpoint, so that a later ``resume`` picks up exactly there. Setting ``stop`` (from a
+    signal handler, or another thread) ends training after the current step with a checkpoint:
+    :class:`~attnkit.training.trainer.TrainingStoppedError` is raised."""
     run_dir = Path(run_dir)
     world = distributed.init_world(run.train.device)
     try:
@@ -230,7 +244,7 @@ def train(
         iterator = iter(StepBatches(batches, world.rank, world.size, run.train.batches_per_step))
         trainer = Trainer(
             run, run_dir, model, objective, data.train, iterator, world,
-            evaluate=lambda: evaluate(model, objective, data.valid, run, data.tokenizer, bleu=True),
+            evaluate=lambda: evaluate(model, objective, data.valid, run, data.tokenizer, bleu=True), stop=stop,
         )  # fmt: skip
         if state is not None:
             distributed.load_optimizer(trainer.model, trainer.optimizer, optimizer_state)
