@@ -7,7 +7,10 @@ Weights are read only from safetensors, never unpickled; a load either checks ou
 
 from __future__ import annotations
 
+import difflib
+import itertools
 import json
+import math
 import os
 import shutil
 import uuid
@@ -27,61 +30,200 @@ TOKENIZER = "tokenizer.json"
 FORMAT = "attnkit"
 FORMAT_VERSION = 1
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+CONVERT_HINT = (
+    "convert it in an environment you trust: safetensors.torch.save_file(torch.load(path, weights_only=True), "
+    "'model.safetensors'), or transformers' save_pretrained(..., safe_serialization=True)"
+)
+REWRITE_HINT = "re-save it with save_pretrained or download it again"
+JSON_CAP = 64 * 2**20  # bytes; config.json and trainer_state.json are far smaller
+HEADER_CAP = 100_000_000  # bytes of safetensors header: the safetensors library's own limit
+# Bytes per element of the safetensors dtypes that torch reads.
+DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E4M3FNUZ": 1, "F8_E5M2": 1, "F8_E5M2FNUZ": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+}  # fmt: skip
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # copied into float32 parameters
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``: a regular file of at most :data:`JSON_CAP` bytes, strict
+    JSON (no NaN or Infinity)."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: {path.parent} is not a complete model directory")
+    if not path.is_file():
+        raise ValueError(f"{path} is not a regular file; replace it with the JSON file it should be")
+    if path.stat().st_size > JSON_CAP:
+        raise ValueError(f"{path} is {path.stat().st_size} bytes, over the {JSON_CAP}-byte cap for a JSON file")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path} not found: a model directory needs {CONFIG}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); the directory is corrupt") from None
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{path} is not valid JSON ({err}); the file is corrupt, re-save or re-download it") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
 
 
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def refuse_pickles(directory: Path) -> None:
+    """Raise if ``directory`` has pickled weights and no model.safetensors; pickles are never opened."""
+    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles and not (directory / WEIGHTS).exists():
+        raise ValueError(
+            f"{directory} holds only pickled weights ({', '.join(pickles)}), which attnkit never loads "
+            f"(unpickling can run arbitrary code); {CONVERT_HINT}"
+        )
+
+
 def read_safetensors(directory: Path) -> dict[str, Tensor]:
-    """All tensors of ``directory/model.safetensors``; pickles are refused, never opened."""
+    """All tensors of ``directory/model.safetensors``."""
     path = directory / WEIGHTS
     if not path.exists():
-        pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
-        if pickles:
-            raise ValueError(
-                f"{directory} holds only pickled weights ({', '.join(pickles)}), which attnkit never loads "
-                "(unpickling can run arbitrary code); convert them to model.safetensors in a sandbox you "
-                "trust, e.g. with transformers' save_pretrained(..., safe_serialization=True)"
-            )
         raise FileNotFoundError(f"{path} not found: a model directory needs {WEIGHTS}")
+    return load_safetensors(path)
+
+
+def load_safetensors(path: Path) -> dict[str, Tensor]:
+    """All tensors of the safetensors file ``path``, its header checked first
+    (:func:`check_safetensors_header`); any problem is one ``ValueError`` naming the file."""
+    check_safetensors_header(path)
     try:
         return load_file(path)
-    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        raise ValueError(f"{path} is not a readable safetensors file ({err}); it may be truncated") from None
+    except (SafetensorError, OSError, ValueError, RuntimeError, TypeError) as err:
+        raise ValueError(f"{path} is not a readable safetensors file ({err}); {REWRITE_HINT}") from None
 
 
-def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str) -> None:
-    """Copy ``tensors`` into ``model``'s parameters after checking all of them; on any
-    problem raise a ``ValueError`` listing every offending key, having changed nothing."""
+def check_safetensors_header(path: Path) -> None:
+    """Check the header of the safetensors file ``path`` before any library reads it: its
+    length field within the file and under the cap, the header a JSON object, and each tensor's
+    dtype known, shape non-negative integers, and byte range inside the data section, sized
+    shape × dtype, overlapping no other. Reads the header only: a malformed one can otherwise
+    make a reader allocate memory without bound."""
+    if not path.is_file():
+        raise ValueError(f"{path} is not a regular file; replace it with the safetensors file it should be")
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little")
+        if len(head) < 8 or n > min(HEADER_CAP, size - 8):
+            raise ValueError(_length_problem(path, head, n, size))
+        raw = fh.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"{path}: the header is not valid JSON ({err}); {REWRITE_HINT}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: the header must be a JSON object, got {type(header).__name__}; {REWRITE_HINT}")
+    data_size = size - 8 - n
+    spans = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        problem = _entry_problem(entry, data_size)
+        if problem:
+            raise ValueError(f"{path}: tensor {name!r} {problem}; {REWRITE_HINT}")
+        spans.append((*entry["data_offsets"], name))
+    spans.sort()
+    for (_, end, first), (begin, _, second) in itertools.pairwise(spans):
+        if begin < end:
+            raise ValueError(f"{path}: the bytes of tensors {first!r} and {second!r} overlap; {REWRITE_HINT}")
+
+
+def _length_problem(path: Path, head: bytes, n: int, size: int) -> str:
+    """Why the 8-byte header length ``n`` read as ``head`` from a ``size``-byte file is wrong."""
+    if head.startswith((b"\x80", b"PK\x03\x04")):  # pickle protocol >= 2, or torch.save's zip
+        return f"{path} is a pickle (torch.save) file, not safetensors; attnkit never unpickles, {CONVERT_HINT}"
+    if len(head) < 8:
+        return f"{path} is truncated: {size} bytes, fewer than the 8-byte header length field; {REWRITE_HINT}"
+    if n > HEADER_CAP:
+        return (
+            f"{path}: header length {n} is over the {HEADER_CAP}-byte cap (not safetensors, or corrupt); {REWRITE_HINT}"
+        )
+    return f"{path} is truncated: its header length says {n} bytes but only {size - 8} follow; {REWRITE_HINT}"
+
+
+def _entry_problem(entry: Any, data_size: int) -> str | None:
+    """What is wrong with one tensor's header entry, or None."""
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+        return f"has header entry {entry!r}, not {{dtype, shape, data_offsets}}"
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+        return f"has unknown dtype {dtype!r} (known: {', '.join(DTYPE_SIZES)})"
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        return f"has shape {shape!r}, not a list of non-negative integers"
+    if (
+        not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets))
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
+        return f"has data_offsets {offsets!r}, not [begin, end] with 0 <= begin <= end"
+    if offsets[1] > data_size:
+        return f"ends at byte {offsets[1]}, past the end of the {data_size}-byte data section (truncated file?)"
+    nbytes = math.prod(shape) * DTYPE_SIZES[dtype]
+    if nbytes != offsets[1] - offsets[0]:
+        span = offsets[1] - offsets[0]
+        return f"of shape {shape} and dtype {dtype} needs {nbytes} bytes, but its data_offsets {offsets} span {span}"
+    return None
+
+
+def check_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str) -> None:
+    """Raise a ``ValueError`` naming the keys of ``tensors`` that do not fit ``model``'s
+    parameters (the first few of each kind): missing, unexpected, another shape, not a float
+    dtype, NaN or Inf values."""
     params = dict(model.named_parameters())
     problems = []
     missing = sorted(set(params) - set(tensors))
     unexpected = sorted(set(tensors) - set(params))
     if missing:
-        problems.append(f"missing keys: {', '.join(missing)}")
+        problems.append(f"missing keys: {_first(missing)}")
     if unexpected:
-        problems.append(f"unexpected keys: {', '.join(unexpected)}")
-    for name in sorted(set(params) & set(tensors)):
+        problems.append(f"unexpected keys: {_first(unexpected)}")
+    # Largest first: their shapes show best which of the config's sizes differ from the file's.
+    for name in sorted(set(params) & set(tensors), key=lambda n: (-params[n].numel(), n)):
         t, p = tensors[name], params[name]
         if t.shape != p.shape:
             problems.append(f"{name}: shape {tuple(t.shape)} in the file, {tuple(p.shape)} in the config")
-        elif not t.dtype.is_floating_point:
-            problems.append(f"{name}: dtype {t.dtype}, expected a floating-point dtype")
+        elif t.dtype not in WEIGHT_DTYPES:
+            problems.append(f"{name}: dtype {t.dtype}, expected one of {', '.join(map(str, WEIGHT_DTYPES))}")
         elif not bool(torch.isfinite(t).all()):
             problems.append(f"{name}: holds NaN or Inf values")
     if problems:
-        raise ValueError(f"cannot load {source}: " + "; ".join(problems))
+        raise ValueError(
+            f"cannot load {source}: {_first(problems, '; ')}; "
+            "the config does not describe these weights, or they are corrupt"
+        )
+
+
+def _first(items: list[str], sep: str = ", ", shown: int = 8) -> str:
+    """The first ``shown`` of ``items``, and how many more there are."""
+    more = f"{sep}... ({len(items) - shown} more)" if len(items) > shown else ""
+    return sep.join(items[:shown]) + more
+
+
+def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str) -> None:
+    """Copy ``tensors`` into ``model``'s parameters after checking all of them
+    (:func:`check_weights`); on any problem nothing is changed."""
+    check_weights(model, tensors, source)
+    _copy_weights(model, tensors)
+
+
+def build_loaded(config: ModelConfig, tensors: dict[str, Tensor], source: str) -> torch.nn.Module:
+    """The model of ``config`` holding ``tensors``. They are checked against a build on the
+    meta device first, which allocates nothing: a config.json that disagrees with the file,
+    however large the model it describes, fails before any memory is taken."""
+    from attnkit.models import build_model
+
+    with torch.device("meta"):
+        check_weights(build_model(config), tensors, source)
+    model = build_model(config)
+    _copy_weights(model, tensors)
+    return model
+
+
+def _copy_weights(model: torch.nn.Module, tensors: dict[str, Tensor]) -> None:
     with torch.no_grad():
-        for name, p in params.items():
+        for name, p in model.named_parameters():
             p.copy_(tensors[name])
 
 
@@ -156,13 +298,12 @@ def from_pretrained(path: str | Path) -> torch.nn.Module:
     """Load attnkit's own directory, a training run's directory (its latest complete
     checkpoint, with the run's tokenizer), or a Hugging Face one (``gpt2``, ``bert``, ``t5``,
     ``marian``). Weights come only from safetensors; nothing is unpickled."""
-    from attnkit.models import build_model
-
     directory = Path(path)
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory} is not a directory; pass a directory written by save_pretrained")
     if not (directory / CONFIG).exists() and (directory / "checkpoints").is_dir():
         return _from_run(directory)
+    refuse_pickles(directory)
     data = read_json(directory / CONFIG)
     if data.get("format") != FORMAT:
         from attnkit.interop.hf import load_hf
@@ -173,16 +314,19 @@ def from_pretrained(path: str | Path) -> torch.nn.Module:
             f"{directory / CONFIG}: format_version {data.get('format_version')!r} is not one this attnkit "
             f"reads ({FORMAT_VERSION}); upgrade attnkit"
         )
-    unknown = sorted(set(data) - {"format", "format_version", "model"})
+    fields = ["format", "format_version", "model"]
+    unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ValueError(f"{directory / CONFIG}: unknown fields {', '.join(unknown)}")
+        close = difflib.get_close_matches(unknown[0], fields, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"{directory / CONFIG}: unknown fields {', '.join(unknown)}{hint}; the known ones are {fields}"
+        )
     try:
         config = from_dict(data.get("model"))
     except ValueError as err:
         raise ValueError(f"{directory / CONFIG}: {err}") from None
-    tensors = read_safetensors(directory)
-    model = build_model(config)
-    load_weights(model, tensors, str(directory))
+    model = build_loaded(config, read_safetensors(directory), str(directory / WEIGHTS))
     attach_tokenizer(model, directory)
     return model.eval()
 

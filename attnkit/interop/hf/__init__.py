@@ -24,7 +24,7 @@ from attnkit.models.io import (
     TOKENIZER,
     WEIGHTS,
     attach_tokenizer,
-    load_weights,
+    build_loaded,
     read_safetensors,
     write_directory,
 )
@@ -35,8 +35,6 @@ EXPORTS: dict[str, ModuleType] = {"gpt": gpt2, "bert": bert, "t5": t5, "transfor
 
 def load_hf(directory: Path, data: dict[str, Any]) -> torch.nn.Module:
     """Build the attnkit model of a Hugging Face directory and load its weights, checked whole."""
-    from attnkit.models import build_model
-
     model_type = data.get("model_type")
     if model_type not in CONVERTERS:
         raise ValueError(
@@ -53,10 +51,9 @@ def load_hf(directory: Path, data: dict[str, Any]) -> torch.nn.Module:
         config = converter.config_from_tensors(config, tensors)
     try:
         weights = converter.to_attnkit(tensors, config)
-    except ValueError as err:
-        raise ValueError(f"cannot load {directory}: {err}") from None
-    model = build_model(config)
-    load_weights(model, weights, str(directory))
+    except (ValueError, RuntimeError) as err:  # RuntimeError: torch on a tensor of the wrong rank
+        raise ValueError(f"cannot load {directory / WEIGHTS}: {err}") from None
+    model = build_loaded(config, weights, str(directory / WEIGHTS))
     attach_tokenizer(model, directory)
     return model.eval()
 
