@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
+import math
 import os
+import shlex
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
@@ -27,6 +32,8 @@ _T = TypeVar("_T")
 def _smoke(args: argparse.Namespace) -> int:
     from attnkit.smoke import FIRST_DIGIT, run_smoke
 
+    if args.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {args.steps}")
     result = run_smoke(steps=args.steps, seed=args.seed, progress=not args.quiet)
     digits = lambda ids: "".join(str(i - FIRST_DIGIT) for i in ids if i >= FIRST_DIGIT)  # noqa: E731
     src, out = result.example
@@ -106,6 +113,9 @@ def _decoding_options(args: argparse.Namespace, vocab_size: int) -> dict:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    for flag, value in [("--temperature", args.temperature), ("--length-penalty", args.length_penalty)]:
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"{flag} must be a finite number, got {value}")
     if args.temperature is not None and not args.temperature > 0:
         raise ValueError(f"--temperature must be > 0, got {args.temperature}")
     if args.top_k is not None and args.top_k < 1:
@@ -145,16 +155,33 @@ def _input_lines(args: argparse.Namespace, given: list[str] | None) -> Iterator[
     if args.input is not None:
         from pathlib import Path
 
-        if not Path(args.input).is_file():
+        path = Path(args.input)
+        if not path.is_file():
             raise FileNotFoundError(f"--input {args.input} is not a file")
-        with open(args.input, encoding="utf-8") as stream:
-            for line in stream:
-                yield line.rstrip("\r\n")
+        if path.stat().st_size == 0:
+            raise ValueError(f"--input {args.input} is empty; put one input per line")
+        with open(path, "rb") as stream:
+            yield from _text_lines(stream, f"--input {args.input}")
         return
     if sys.stdin.isatty():
         print(f"attnkit {args.command}: reading one input per line from standard input (Ctrl-D ends)", file=sys.stderr)
-    for line in sys.stdin:
-        yield line.rstrip("\r\n")
+    yield from _text_lines(getattr(sys.stdin, "buffer", sys.stdin), "standard input")
+
+
+def _text_lines(stream: Iterable[bytes | str], source: str) -> Iterator[str]:
+    """The lines of ``stream`` without their line endings, refused with the line number when
+    they are not UTF-8 text (a leading byte-order mark is dropped)."""
+    for lineno, line in enumerate(stream, start=1):
+        if (b"\0" if isinstance(line, bytes) else "\0") in line:
+            raise ValueError(f"{source} looks binary (a NUL byte on line {lineno}); pass UTF-8 text, an input per line")
+        try:
+            text = line.decode("utf-8") if isinstance(line, bytes) else line
+        except UnicodeDecodeError as err:
+            raise ValueError(
+                f"{source}: line {lineno} is not valid UTF-8 (byte 0x{line[err.start]:02x}); re-encode it as UTF-8, "
+                "e.g. with iconv -f latin1 -t utf-8"
+            ) from None
+        yield (text.removeprefix("\ufeff") if lineno == 1 else text).rstrip("\r\n")
 
 
 def _batches(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
@@ -428,21 +455,82 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
     return apply_overrides(run, _overrides(args.overrides))
 
 
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event, received: list[int]) -> Iterator[None]:
+    """While training: the first SIGINT or SIGTERM sets ``stop``, and the trainer finishes its
+    step and writes a checkpoint; a second one raises KeyboardInterrupt, which abandons the step
+    or the save under way (a save interrupted so leaves the checkpoints before it intact)."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread receives signals
+        yield
+        return
+
+    def handle(signum: int, frame: object) -> None:
+        received.append(signum)
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        name = signal.Signals(signum).name
+        notice = f"\nattnkit: {name}: finishing the step and saving a checkpoint ({name} again abandons it)\n"
+        os.write(2, notice.encode())  # not print: the handler may run in the middle of another print
+
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def _train(args: argparse.Namespace) -> int:
     import json
+    from pathlib import Path
 
+    from attnkit.training.checkpoint import CheckpointSaveError, latest_checkpoint
+    from attnkit.training.run import RUN_CONFIG, train
+    from attnkit.training.trainer import TrainingStoppedError
+
+    if args.resume and not (args.config or args.preset) and args.out and (Path(args.out) / RUN_CONFIG).is_file():
+        args.config = str(Path(args.out) / RUN_CONFIG)  # `attnkit train --out DIR --resume`: the run's own config
     run = _run_config(args)
     if args.print_config:
         print(json.dumps(run.to_dict(), indent=2))
         return 0
     if args.out is None:
         raise ValueError("pass --out DIR: the run directory to write")
-    from attnkit.training.run import train
-
+    if args.session_steps is not None and args.session_steps < 1:
+        raise ValueError(f"--session-steps must be >= 1, got {args.session_steps}")
+    reporter = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 reports
+    resume = f"attnkit train --out {shlex.quote(args.out)} --resume"
     start = time.perf_counter()
-    progress, final = train(run, args.out, resume=args.resume, force=args.force, progress_bar=not args.quiet,
-                            session_steps=args.session_steps)  # fmt: skip
-    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 reports
+    stop, received = threading.Event(), []
+    try:
+        with _stop_on_signals(stop, received):
+            progress, final = train(run, args.out, resume=args.resume, force=args.force, progress_bar=not args.quiet,
+                                    session_steps=args.session_steps, stop=stop)  # fmt: skip
+    except TrainingStoppedError as stopped:
+        name = signal.Signals(received[0]).name
+        if reporter and stopped.checkpoint is None:
+            print(f"attnkit: stopped by {name} before the first step; nothing to save; start again with: {resume}",
+                  file=sys.stderr)  # fmt: skip
+        elif reporter:
+            print(f"attnkit: stopped at step {stopped.step} by {name}; checkpoint {stopped.checkpoint}; "
+                  f"resume with: {resume}", file=sys.stderr)  # fmt: skip
+        return 128 + received[0]
+    except KeyboardInterrupt:
+        if len(received) < 2:  # no handler of ours ran: an interrupt outside the main thread's training
+            raise
+        latest = latest_checkpoint(Path(args.out))
+        kept = f"its last complete checkpoint is {latest}" if latest else "it has no checkpoint yet"
+        if reporter:
+            print(f"attnkit: abandoned by a second {signal.Signals(received[-1]).name}; {kept}; resume with: {resume}",
+                  file=sys.stderr)  # fmt: skip
+        return 128 + received[-1]
+    except CheckpointSaveError as err:
+        if args.debug:
+            raise
+        print(f"attnkit: error: {err}, then resume with: {resume}", file=sys.stderr)
+        return 1
+    if not reporter:
         return 0
     metrics = ", ".join(f"{k} {v:.4g}" for k, v in final.items() if k != "tokens")
     print(f"step {progress.step}: {progress.tokens:,} target tokens in {progress.seconds:.0f} s of training")
@@ -558,6 +646,19 @@ def _figures(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    if not os.path.isfile(os.path.join("benchmarks", "__main__.py")):
+        raise ValueError(
+            "attnkit bench runs the benchmarks/ folder of a source checkout: run it from the repository root"
+        )
+    sys.path.insert(0, os.getcwd())
+    from benchmarks.__main__ import main as benchmarks_main
+
+    sys.argv = ["attnkit bench", *args.suite_args, *args.overrides]
+    benchmarks_main()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
@@ -604,14 +705,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
         "  attnkit train --preset gpt-tiny --data.path notes.txt --train.max_steps=500 --out runs/gpt\n"
         "  attnkit train --preset transformer-tiny --data.path pairs.tsv --train.time_budget=600 --out runs/mt\n"
-        "  attnkit train --out runs/gpt --preset gpt-tiny --data.path notes.txt --resume\n"
+        "  attnkit train --out runs/gpt --resume\n"
         "  torchrun --nproc-per-node 2 -m attnkit train --preset gpt-tiny --data.path notes.txt --out runs/ddp",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     train.add_argument("--preset", help="a model preset (the family's objective and usual optimiser come with it)")
     train.add_argument("--config", help="a run config file (JSON or YAML, sections model/train/data)")
     train.add_argument("--out", help="run directory (refused if it holds a run, unless --resume or --force)")
-    train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    train.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last checkpoint (with its own config when no --preset or --config)",
+    )
     train.add_argument("--force", action="store_true", help="start the run in --out over, deleting its checkpoints")
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     train.add_argument("--session-steps", type=int, help="stop after this many steps (with a checkpoint)")
@@ -690,6 +795,22 @@ def build_parser() -> argparse.ArgumentParser:
     figures.add_argument("--force", action="store_true", help="write into a non-empty --out")
     figures.set_defaults(run=_figures)
 
+    bench = sub.add_parser(
+        "bench",
+        help="the benchmark suite (from a source checkout): attnkit against transformers and torch.nn",
+        description="Run one suite of benchmarks/ (python -m benchmarks): peak, forward, training, generation, "
+        "latency, attention or translation; each case runs attnkit and its peer alternately in one process and "
+        "prints the median and min-max of each, and their ratio.",
+        epilog="examples:\n"
+        "  attnkit bench peak\n"
+        "  attnkit bench training --compile --out benchmarks/results/training-compiled.json\n"
+        "  attnkit bench attention --small",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
+    )
+    bench.add_argument("suite_args", nargs=argparse.REMAINDER, help="the suite and its options (see --help)")
+    bench.set_defaults(run=_bench, accepts_overrides=True)
+
     generate = sub.add_parser(
         "generate",
         help="continue prompts with a decoder-only model (GPT)",
@@ -761,8 +882,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(message)s")
     try:
         return args.run(args)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
-        if args.debug:
+    except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError) as err:
+        if args.debug:  # exit status 2: a usage error, in the arguments or the files they name
             raise
         print(f"attnkit: error: {err}", file=sys.stderr)
         return 2
@@ -775,3 +896,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         return 130
+    except Exception as err:  # exit status 1: the command failed (a permission, the disk, a bug)
+        if args.debug:
+            raise
+        message = " ".join(str(err).split()) or "no message"
+        print(f"attnkit: error: {type(err).__name__}: {message} (--debug shows the traceback)", file=sys.stderr)
+        return 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
@@ -154,6 +155,9 @@ def _check_types(config: Any) -> None:
         if not any(_matches(value, option) for option in options):
             wanted = " or ".join(_describe(option) for option in options)
             raise ValueError(f"{field.name} must be {wanted}, got {value!r}")
+        numbers = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+            raise ValueError(f"{field.name} must be a finite number, got {value!r}")
 
 
 def _build(cls: type[T], data: Any, section: str) -> T:
@@ -329,6 +333,9 @@ class TrainConfig:
     warmup: int = 4000  # steps
     min_lr_ratio: float = 0.1  # cosine: floor as a fraction of the peak
     clip_norm: float | None = 1.0  # gradient clipping; None = off
+    # Steps whose loss is NaN or infinite that may be skipped (no update, counted as "skipped" in
+    # the metrics) before training stops with the step number; 0 = stop at the first.
+    skip_nonfinite: int = 0
     label_smoothing: float = 0.1  # translation only (the paper's ε_ls)
     # bf16/fp16: autocast (fp16 on GPU, with a scaler); auto: bf16 where the hardware computes it natively
     precision: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
@@ -340,6 +347,7 @@ class TrainConfig:
     log_every: int = 10  # steps between metric lines
     distributed: Literal["ddp", "fsdp"] = "ddp"  # under torchrun
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
+    compile: bool = False  # torch.compile the model (the first step's compile time goes to metrics.jsonl)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -355,7 +363,7 @@ class TrainConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup", "eval_every"):
+        for name in ("warmup", "eval_every", "skip_nonfinite"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.schedule == "noam" and self.warmup < 1:
@@ -563,10 +571,17 @@ def apply_overrides(run: RunConfig, overrides: dict[str, str]) -> RunConfig:
 def load_run_config(path: str | Path) -> RunConfig:
     """A run config from a JSON or YAML file."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"config file {path} is a directory; pass a JSON or YAML file")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(f"config file {path} not found") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"config file {path} is not valid UTF-8 (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
+            "save it as UTF-8"
+        ) from None
     if path.suffix in (".yaml", ".yml"):
         try:
             import yaml

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -18,8 +19,10 @@ __all__ = ["IncrementalModel", "filter_logits", "generate"]
 def _validate(
     model: Model,
     input_ids: Tensor,
+    attention_mask: Tensor | None,
     max_new_tokens: int,
     num_beams: int,
+    length_penalty: float,
     length_penalty_style: str,
     do_sample: bool,
     temperature: float,
@@ -33,10 +36,17 @@ def _validate(
     if cfg.family == "bert":
         raise ValueError("BERT is an encoder and does not generate; use attnkit fill-mask for [MASK] predictions")
     check_ids("input_ids", input_ids, cfg.vocab_size)
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}, expected {tuple(input_ids.shape)} like input_ids"
+        )
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if not isinstance(num_beams, int) or num_beams < 1:
         raise ValueError(f"num_beams must be an integer >= 1, got {num_beams!r}")
+    for name, value in (("length_penalty", length_penalty), ("temperature", temperature)):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}")
     if length_penalty_style not in ("gnmt", "power"):
         raise ValueError(f"length_penalty_style must be 'gnmt' or 'power', got {length_penalty_style!r}")
     if do_sample and num_beams > 1:
@@ -49,6 +59,8 @@ def _validate(
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if source_length_offset is not None and not cfg.is_encoder_decoder:
         raise ValueError("source_length_offset bounds a translation by its source; it needs an encoder-decoder")
+    if source_length_offset is not None and source_length_offset < 0:
+        raise ValueError(f"source_length_offset must be >= 0, got {source_length_offset}")
     if cfg.positional == "learned":
         # The decoder's context: a decoder-only model sees prompt + continuation.
         needed = (0 if cfg.is_encoder_decoder else input_ids.shape[1]) + max_new_tokens
@@ -95,8 +107,8 @@ def generate(
     the offset. Decoder-only prompts may be left-padded (``attention_mask`` 0 on the left).
     """
     _validate(
-        model, input_ids, max_new_tokens, num_beams, length_penalty_style, do_sample, temperature, top_k, top_p,
-        source_length_offset, eos_token_id, pad_token_id,
+        model, input_ids, attention_mask, max_new_tokens, num_beams, length_penalty, length_penalty_style, do_sample,
+        temperature, top_k, top_p, source_length_offset, eos_token_id, pad_token_id,
     )  # fmt: skip
     cfg = model.config
     eos = cfg.eos_token_id if eos_token_id is None else eos_token_id

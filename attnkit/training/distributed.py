@@ -39,7 +39,10 @@ class World:
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"train.device={name!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"train.device={name!r} but no CUDA device is available; use 'cpu' or 'auto'")
     return device

@@ -7,6 +7,11 @@ give the gradient of one big batch. All randomness of a step (dropout, masking) 
 (seed, step, which of the step's batches, micro-batch), so a run resumed from a checkpoint
 continues exactly as if it had never stopped, and ``W`` processes with ``batches_per_step=k``
 train exactly as one process with ``batches_per_step=W*k`` (up to floating-point summation order).
+
+Stopping early is asked for with a ``stop`` event, checked between steps: the trainer finishes
+the step under way (its log, evaluation and checkpoint included), writes a checkpoint and raises
+:class:`TrainingStoppedError`. It installs no signal handler; ``attnkit train`` sets the event on
+SIGINT or SIGTERM.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import contextlib
 import json
 import logging
 import math
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +36,7 @@ from attnkit.config import RunConfig
 from attnkit.data.batching import StepIterator
 from attnkit.objectives.base import IGNORE_INDEX, LossOutput, Objective
 from attnkit.training import distributed
-from attnkit.training.checkpoint import save_checkpoint
+from attnkit.training.checkpoint import checkpoint_dir, save_checkpoint
 from attnkit.training.distributed import World
 from attnkit.training.schedule import learning_rate
 
@@ -39,7 +46,17 @@ METRICS = "metrics.jsonl"
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite."""
+    """The loss became NaN or infinite, at more steps than ``train.skip_nonfinite`` lets the
+    trainer skip (a skipped step updates nothing; every rank skips it alike)."""
+
+
+class TrainingStoppedError(Exception):
+    """Training stopped early, as its ``stop`` event asked, after writing ``checkpoint`` of
+    ``step`` (``None`` when stopped before the first step, or on a rank that does not write)."""
+
+    def __init__(self, step: int, checkpoint: Path | None) -> None:
+        super().__init__(f"training stopped at step {step}")
+        self.step, self.checkpoint = step, checkpoint
 
 
 @dataclass
@@ -51,6 +68,7 @@ class Progress:
     seconds: float = 0.0  # training time so far, over all sessions of the run
     data: dict[str, int] = field(default_factory=dict)  # the batch iterator's position
     step_batches: int = 1  # batches per step over all processes: world size x train.batches_per_step
+    skipped: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
 
 
 def step_seed(seed: int, step: int, shard: int, micro: int) -> int:
@@ -85,6 +103,28 @@ def _tensorboard(run_dir: Path) -> Any:
     return SummaryWriter(str(run_dir / "tensorboard"))
 
 
+def trim_metrics(run_dir: Path, step: int) -> int:
+    """Drop the records of ``metrics.jsonl`` after ``step``, which a run resumed from that step
+    writes again, and a last line torn by a kill; returns how many lines were dropped."""
+    path = run_dir / METRICS
+    if not path.exists():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # the line a kill cut short
+            continue
+        if record["step"] <= step:
+            kept.append(line)
+    if len(kept) < len(lines):
+        tmp = path.with_name(f".{METRICS}.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, path)
+    return len(lines) - len(kept)
+
+
 def _untrained_parameters(model: nn.Module, objective: Objective, example: Any) -> list[str]:
     """Names of the trainable parameters that the objective's loss on ``example`` does not reach."""
     was_training = model.training
@@ -111,8 +151,10 @@ class Trainer:
         batches: StepIterator,
         world: World,
         evaluate: Callable[[], dict[str, float]] | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.run, self.run_dir, self.world = run, run_dir, world
+        self.stop = stop
         self.bare = model  # the model itself, whatever wraps it
         self.parameter_names = [name for name, _ in model.named_parameters()]
         if world.distributed and run.train.distributed == "ddp":
@@ -125,6 +167,8 @@ class Trainer:
                     p.requires_grad_(False)
             if untrained and world.is_main:
                 log.info("not reached by the %s loss, so frozen under DDP: %s", objective.name, ", ".join(untrained))
+        if run.train.compile:
+            model.compile()  # in place: parameter names, checkpoints and the optimiser are unchanged
         self.model = distributed.wrap(model, world, run.train.distributed)
         self.optimizer = make_optimizer(self.model, run)
         self.objective, self.examples, self.batches = objective, examples, batches
@@ -175,11 +219,23 @@ class Trainer:
                 self.scaler.scale(loss).backward()
             outputs.append(out)
         loss_sum = sum(float(o.total.detach()) for o in outputs)
-        if not math.isfinite(loss_sum):
-            raise NonFiniteLossError(
-                f"the loss became {loss_sum} at step {step}; lower train.lr, raise train.warmup, or use "
-                "train.precision=fp32"
-            )
+        metric_names = sorted({k for o in outputs for k in o.metrics})
+        local = [loss_sum, float(local_tokens), *(sum(o.metrics.get(k, 0.0) for o in outputs) for k in metric_names)]
+        total_loss, tokens, *metric_sums = distributed.all_sum(local, self.world)
+        # The loss summed over ranks: every rank sees the same value, so all skip or all raise.
+        if not math.isfinite(total_loss):
+            self.progress.skipped += 1
+            if self.progress.skipped > cfg.skip_nonfinite:
+                raise NonFiniteLossError(
+                    f"the loss became {total_loss} at step {step} ({self.progress.skipped - 1} such steps skipped "
+                    f"before, train.skip_nonfinite={cfg.skip_nonfinite}); lower train.lr, raise train.warmup, use "
+                    "train.precision=fp32, or let train.skip_nonfinite=N skip up to N such steps"
+                )
+            if self.world.is_main:
+                log.warning("the loss became %s at step %d; skipped it without an update (%d of %d)",
+                            total_loss, step, self.progress.skipped, cfg.skip_nonfinite)  # fmt: skip
+            self.progress.step = step
+            return {"step": step, "lr": lr, "loss": total_loss, "tokens": 0, "skipped": self.progress.skipped}
         self.scaler.unscale_(self.optimizer)
         grad_norm = (
             float(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm))
@@ -188,12 +244,10 @@ class Trainer:
         )
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        metric_names = sorted({k for o in outputs for k in o.metrics})
-        local = [loss_sum, float(local_tokens), *(sum(o.metrics.get(k, 0.0) for o in outputs) for k in metric_names)]
-        total_loss, tokens, *metric_sums = distributed.all_sum(local, self.world)
         self.progress.step = step
         self.progress.tokens += int(tokens)
         stats = {"step": step, "lr": lr, "loss": total_loss / max(tokens, 1.0), "tokens": int(tokens)}
+        stats["skipped"] = self.progress.skipped
         stats.update({f"{k}_rate": v / max(tokens, 1.0) for k, v in zip(metric_names, metric_sums, strict=True)})
         if cfg.clip_norm is not None:
             stats["grad_norm"] = grad_norm
@@ -226,7 +280,8 @@ class Trainer:
 
     def fit(self, progress_bar: bool = True, session_steps: int | None = None) -> Progress:
         """Train until ``train.max_steps``, the time budget, or ``session_steps`` steps in this
-        call (then a checkpoint is written, and ``--resume`` continues exactly)."""
+        call (then a checkpoint is written, and ``--resume`` continues exactly). Raises
+        :class:`TrainingStoppedError`, after a checkpoint, when the ``stop`` event is set."""
         cfg = self.run.train
         stop_at = cfg.max_steps if session_steps is None else min(cfg.max_steps, self.progress.step + session_steps)
         # The bar follows the limit that binds: the time budget in seconds, else the steps.
@@ -240,33 +295,55 @@ class Trainer:
         )  # fmt: skip
         session_start, trained_before = time.perf_counter(), self.progress.seconds
         tokens_since, clock = 0, time.perf_counter()
-        while self.progress.step < stop_at:
-            stats = self._step(next(self.batches))
-            self.progress.seconds = trained_before + time.perf_counter() - session_start
-            tokens_since += stats["tokens"]
-            bar.update(min(self.progress.seconds, cfg.time_budget) - bar.n if by_time else 1)
-            step = self.progress.step
-            if step % cfg.log_every == 0 or step == cfg.max_steps:
-                now = time.perf_counter()
-                stats["tokens_per_s"] = tokens_since / max(now - clock, 1e-9)
-                tokens_since, clock = 0, now
-                bar.set_postfix(
-                    step=step,
-                    loss=f"{stats['loss']:.3f}",
-                    lr=f"{stats['lr']:.2e}",
-                    tok_s=f"{stats['tokens_per_s']:.0f}",
-                )
-                self.write_metrics({"split": "train", **stats, "seconds": self.progress.seconds})
-            out_of_time = cfg.time_budget is not None and self.progress.seconds >= cfg.time_budget
-            out_of_time = distributed.any_rank(out_of_time, self.world)
-            if self.evaluate is not None and cfg.eval_every and step % cfg.eval_every == 0:
-                self.write_metrics({"split": "valid", "step": step, **self.evaluate()})
-            if step % cfg.checkpoint_every == 0 or out_of_time or step == stop_at:
-                self.save()
-            if out_of_time:
-                log.info("time budget of %.0f s reached at step %d", cfg.time_budget, step)
-                break
-        bar.close()
-        if self.tensorboard is not None:
-            self.tensorboard.flush()
+        checkpointed = self.progress.step  # the step the latest checkpoint holds (a new run needs none of step 0)
+        stopped = False
+        compiling = cfg.compile  # the session's first step traces and compiles: its time is reported
+        try:
+            while self.progress.step < stop_at:
+                # Every rank must stop after the same step, whichever of them got the signal.
+                stopped = distributed.any_rank(self.stop is not None and self.stop.is_set(), self.world)
+                if stopped:
+                    break
+                step_start = time.perf_counter()
+                stats = self._step(next(self.batches))
+                if compiling:
+                    compiling = False
+                    seconds = time.perf_counter() - step_start
+                    log.info("torch.compile: the first step took %.1f s", seconds)
+                    self.write_metrics({"split": "compile", "step": self.progress.step, "compile_seconds": seconds})
+                self.progress.seconds = trained_before + time.perf_counter() - session_start
+                tokens_since += stats["tokens"]
+                bar.update(min(self.progress.seconds, cfg.time_budget) - bar.n if by_time else 1)
+                step = self.progress.step
+                if step % cfg.log_every == 0 or step == cfg.max_steps:
+                    now = time.perf_counter()
+                    stats["tokens_per_s"] = tokens_since / max(now - clock, 1e-9)
+                    tokens_since, clock = 0, now
+                    bar.set_postfix(
+                        step=step,
+                        loss=f"{stats['loss']:.3f}",
+                        lr=f"{stats['lr']:.2e}",
+                        tok_s=f"{stats['tokens_per_s']:.0f}",
+                    )
+                    self.write_metrics({"split": "train", **stats, "seconds": self.progress.seconds})
+                out_of_time = cfg.time_budget is not None and self.progress.seconds >= cfg.time_budget
+                out_of_time = distributed.any_rank(out_of_time, self.world)
+                if self.evaluate is not None and cfg.eval_every and step % cfg.eval_every == 0:
+                    self.write_metrics({"split": "valid", "step": step, **self.evaluate()})
+                if step % cfg.checkpoint_every == 0 or out_of_time or step == stop_at:
+                    self.save()
+                    checkpointed = step
+                if out_of_time:
+                    log.info("time budget of %.0f s reached at step %d", cfg.time_budget, step)
+                    break
+            if stopped:
+                if self.progress.step != checkpointed:
+                    self.save()
+                step = self.progress.step
+                written = self.world.is_main and step > 0
+                raise TrainingStoppedError(step, checkpoint_dir(self.run_dir, step) if written else None)
+        finally:
+            bar.close()
+            if self.tensorboard is not None:
+                self.tensorboard.flush()
         return self.progress
