@@ -783,15 +783,17 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
         "  attnkit figures --quick --out /tmp/chapter\n"
         "  attnkit figures --out chapter-report --model runs/translate-en-fr-20261130-0510\n"
-        "  attnkit figures --only variance positions --out /tmp/chapter",
+        "  attnkit figures --only heads --model runs/translate-en-fr-20261130-0510 --out chapter-report",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     figures.add_argument("--out", default="chapter-report", help="output directory (default chapter-report)")
-    figures.add_argument("--quick", action="store_true", help="CI-sized shapes and budgets (about 3 minutes)")
+    figures.add_argument("--quick", action="store_true", help="CI-sized shapes and budgets (about 2 minutes)")
     figures.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
     figures.add_argument("--model", metavar="RUN", help="a trained translator for the attention-heads section")
-    figures.add_argument("--only", nargs="+", choices=EXPERIMENTS, metavar="NAME",
-                         help=f"run only these experiments ({', '.join(EXPERIMENTS)})")  # fmt: skip
+    figures.add_argument(
+        "--only", nargs="+", choices=EXPERIMENTS, metavar="NAME",
+        help=f"run only these ({', '.join(EXPERIMENTS)}); an earlier report in --out keeps the others",
+    )  # fmt: skip
     figures.add_argument("--force", action="store_true", help="write into a non-empty --out")
     figures.set_defaults(run=_figures)
 

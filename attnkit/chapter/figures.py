@@ -32,34 +32,53 @@ def check_output_dir(out: Path, force: bool) -> None:
     raise FileExistsError(f"--out {out} is not empty and holds no earlier report; choose a new directory or --force")
 
 
+def _earlier(ctx: Context) -> dict[str, tuple[Section, float]]:
+    """The sections of an earlier report in ``ctx.out`` (none if there is none), which a run of
+    some experiments updates; refused when it was made in the other mode or with another seed."""
+    path = ctx.out / NUMBERS
+    if not path.is_file():
+        return {}
+    earlier = json.loads(path.read_text(encoding="utf-8"))
+    if earlier.get("quick") != ctx.quick or earlier.get("seed") != ctx.seed:
+        was = f"{'--quick' if earlier.get('quick') else 'full'} mode, seed {earlier.get('seed')}"
+        raise ValueError(f"{ctx.out} holds a report made in {was}; use the same mode and seed, or another --out")
+    return {
+        name: (Section(s["title"], tuple(s["labels"]), s["text"], s["figures"], s["numbers"]), s["seconds"])
+        for name, s in earlier["sections"].items()
+        if name in EXPERIMENTS
+    }
+
+
 def write_report(
     ctx: Context,
     names: Sequence[str] = EXPERIMENTS,
     on_section: Callable[[str, Section, float], None] | None = None,
 ) -> Path:
-    """Run the experiments ``names`` in order into ``ctx.out``; return the path of ``REPORT.md``.
+    """Run the experiments ``names`` into ``ctx.out``; return the path of ``REPORT.md``.
 
-    ``on_section(name, section, seconds)`` is called after each, e.g. to print progress."""
+    Sections of an earlier report in ``ctx.out`` that are not rerun are kept, so ``names`` can
+    update one experiment of a full report. ``on_section(name, section, seconds)`` is called
+    after each experiment, e.g. to print progress."""
     unknown = [n for n in names if n not in EXPERIMENTS]
     if unknown:
         raise ValueError(f"unknown experiment {unknown[0]!r}; choose from {', '.join(EXPERIMENTS)}")
+    found = _earlier(ctx)
     ctx.out.mkdir(parents=True, exist_ok=True)
     about = machine()
-    sections: dict[str, tuple[Section, float]] = {}
-    start = time.perf_counter()
     for name in names:
         begin = time.perf_counter()
         section = importlib.import_module(f"attnkit.chapter.{name}").run(ctx)
-        sections[name] = (section, time.perf_counter() - begin)
+        found[name] = (section, time.perf_counter() - begin)
         if on_section is not None:
-            on_section(name, section, sections[name][1])
-    total = time.perf_counter() - start
+            on_section(name, section, found[name][1])
+    sections = {name: found[name] for name in EXPERIMENTS if name in found}
+    total = sum(seconds for _, seconds in sections.values())
     mode = "quick (CI-sized)" if ctx.quick else "full"
     header = [
         "# The chapter, executable: measured report",
         "",
-        f"Written by `attnkit figures{' --quick' if ctx.quick else ''}` on {about['date']} in {total / 60:.1f} "
-        f"minutes ({mode} mode, seed {ctx.seed}). Every number below was measured by the code in "
+        f"Written by `attnkit figures{' --quick' if ctx.quick else ''}` on {about['date']}: {total / 60:.1f} "
+        f"minutes of experiments ({mode} mode, seed {ctx.seed}). Every number below was measured by the code in "
         "`attnkit/chapter/`; the labels in brackets are those of `06-attention.tex`.",
         "",
         f"Machine: {about['processor']}, {about['cores']} cores, torch {about['torch']} with "
