@@ -4,7 +4,8 @@ Suites: ``peak`` (the machine's fp32 and bf16 matmul FLOP/s, the limit for MFU),
 (forward pass), ``generation`` (greedy and beam-4), ``latency`` (ms per new token as the prefix
 grows), ``training`` (train steps and MFU), ``attention`` (time and memory of the math and
 fused paths as n grows to 16k), ``gpu`` (the bf16 suite on one accelerator: benchmarks/gpu.sh),
-``translation`` (BLEU at equal wall time vs a MarianMT of the same size).
+``translation`` (BLEU at equal wall time vs a MarianMT of the same size), ``demo`` (make demo's
+job end to end: time and BLEU).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import attention, forward, generation, gpu, training, translation
+from benchmarks import attention, demo, forward, generation, gpu, training, translation
 from benchmarks.common import machine, report
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -90,6 +91,19 @@ def _gpu(out: Path | None, small: bool, repeats: int, device: str) -> str:
     return "\n".join(lines)
 
 
+def _demo(out: Path | None, budget: float | None) -> str:
+    result = demo.run(budget)
+    _write(out, {"demo": result})
+    return "\n".join([
+        "### The demo end to end (translate-en-fr: train for the budget, score the test chapters)", "",
+        "| total s | training s | steps | BLEU greedy | BLEU beam-4 | chrF greedy | chrF beam-4 |",
+        "|---|---|---|---|---|---|---|",
+        f"| {result['seconds']:.0f} | {result['training_seconds']:.0f} | {result['steps']} "
+        f"| {result['bleu_greedy']:.2f} | {result['bleu_beam4']:.2f} | {result['chrf_greedy']:.1f} "
+        f"| {result['chrf_beam4']:.1f} |",
+    ])  # fmt: skip
+
+
 def _translation(out: Path | None, small: bool, budget: float | None) -> str:
     curves = translation.run(small=small, budget=budget)
     names = list(curves)
@@ -107,14 +121,18 @@ def _translation(out: Path | None, small: bool, budget: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("suite", choices=[*sorted(SUITES), "peak", "attention", "latency", "translation", "gpu"])
+    others = ["peak", "attention", "latency", "translation", "gpu", "demo"]
+    parser.add_argument("suite", choices=[*sorted(SUITES), *others])
     parser.add_argument("--small", action="store_true", help="tiny shapes (a quick check that it runs)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write the raw numbers as JSON")
     parser.add_argument("--compile", action="store_true", help="forward, training: torch.compile attnkit's model")
     parser.add_argument("--device", default="cuda", help="gpu: the device to run on (cpu with --small to try it)")
-    parser.add_argument("--budget", type=float, help="translation: seconds of training for each side")
+    parser.add_argument("--budget", type=float, help="translation, demo: seconds of training (each side)")
     args = parser.parse_args()
+    if args.suite == "demo":
+        print(_demo(args.out, args.budget))
+        return
     if args.suite == "gpu":
         print(_gpu(args.out, args.small, args.repeats, args.device))
         return
