@@ -17,11 +17,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import attention, demo, forward, generation, gpu, training, translation
+from benchmarks import attention, demo, fastpaths, forward, generation, gpu, training, translation
 from benchmarks.common import machine, report
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SUITES = {
+    "fastpaths": (fastpaths.run, "Fast paths before they are built: attnkit's three projections vs one fused"),
     "forward": (forward.run, "Forward throughput, fp32, identical weights"),
     "generation": (generation.run, "Generation throughput, fp32, identical weights"),
     "training": (training.run, "Training step throughput (forward, backward, AdamW), fp32, identical weights"),
