@@ -8,7 +8,10 @@ import importlib
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from attnkit.chapter.report import Context, Section
 from attnkit.machine import machine
@@ -32,7 +35,16 @@ def check_output_dir(out: Path, force: bool) -> None:
     raise FileExistsError(f"--out {out} is not empty and holds no earlier report; choose a new directory or --force")
 
 
-def _earlier(ctx: Context) -> dict[str, tuple[Section, float]]:
+@dataclass(frozen=True)
+class _Ran:
+    """A section with the seconds it took and torch's thread count while it ran."""
+
+    section: Section
+    seconds: float
+    threads: int
+
+
+def _earlier(ctx: Context) -> dict[str, _Ran]:
     """The sections of an earlier report in ``ctx.out`` (none if there is none), which a run of
     some experiments updates; refused when it was made in the other mode or with another seed."""
     path = ctx.out / NUMBERS
@@ -43,7 +55,9 @@ def _earlier(ctx: Context) -> dict[str, tuple[Section, float]]:
         was = f"{'--quick' if earlier.get('quick') else 'full'} mode, seed {earlier.get('seed')}"
         raise ValueError(f"{ctx.out} holds a report made in {was}; use the same mode and seed, or another --out")
     return {
-        name: (Section(s["title"], tuple(s["labels"]), s["text"], s["figures"], s["numbers"]), s["seconds"])
+        name: _Ran(
+            Section(s["title"], tuple(s["labels"]), s["text"], s["figures"], s["numbers"]), s["seconds"], s["threads"]
+        )
         for name, s in earlier["sections"].items()
         if name in EXPERIMENTS
     }
@@ -68,11 +82,11 @@ def write_report(
     for name in names:
         begin = time.perf_counter()
         section = importlib.import_module(f"attnkit.chapter.{name}").run(ctx)
-        found[name] = (section, time.perf_counter() - begin)
+        found[name] = _Ran(section, time.perf_counter() - begin, torch.get_num_threads())
         if on_section is not None:
-            on_section(name, section, found[name][1])
+            on_section(name, section, found[name].seconds)
     sections = {name: found[name] for name in EXPERIMENTS if name in found}
-    total = sum(seconds for _, seconds in sections.values())
+    total = sum(ran.seconds for ran in sections.values())
     mode = "quick (CI-sized)" if ctx.quick else "full"
     header = [
         "# The chapter, executable: measured report",
@@ -81,13 +95,18 @@ def write_report(
         f"minutes of experiments ({mode} mode, seed {ctx.seed}). Every number below was measured by the code in "
         "`attnkit/chapter/`; the labels in brackets are those of `06-attention.tex`.",
         "",
-        f"Machine: {about['processor']}, {about['cores']} cores, torch {about['torch']} with "
-        f"{about['threads']} threads{', GPU ' + str(about['gpu']) if 'gpu' in about else ''}; {about['platform']}.",
+        f"Machine: {about['processor']}, {about['cores']} cores, torch {about['torch']}"
+        f"{', GPU ' + str(about['gpu']) if 'gpu' in about else ''}; {about['platform']}. Each section's time "
+        "and torch's thread count:",
         "",
-        *(f"- [{s.title}](#{_anchor(s.title)}) ({t:.0f} s)" for s, t in sections.values()),
+        *(
+            f"- [{r.section.title}](#{_anchor(r.section.title)}) ({r.seconds:.0f} s, {r.threads} "
+            f"thread{'s' if r.threads != 1 else ''})"
+            for r in sections.values()
+        ),
         "",
     ]
-    body = [section.markdown() for section, _ in sections.values()]
+    body = [ran.section.markdown() for ran in sections.values()]
     path = ctx.out / REPORT
     path.write_text("\n".join(header) + "\n" + "\n".join(body), encoding="utf-8")
     numbers = {
@@ -97,14 +116,15 @@ def write_report(
         "seconds": total,
         "sections": {
             name: {
-                "title": s.title,
-                "labels": list(s.labels),
-                "text": s.text,
-                "figures": s.figures,
-                "seconds": t,
-                "numbers": s.numbers,
+                "title": r.section.title,
+                "labels": list(r.section.labels),
+                "text": r.section.text,
+                "figures": r.section.figures,
+                "seconds": r.seconds,
+                "threads": r.threads,
+                "numbers": r.section.numbers,
             }
-            for name, (s, t) in sections.items()
+            for name, r in sections.items()
         },
     }
     (ctx.out / NUMBERS).write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
