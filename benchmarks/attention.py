@@ -12,6 +12,7 @@ tensors have no allocator statistics to read, and a shared process would mix the
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -54,5 +55,5 @@ def run(small: bool = False, repeats: int = 3) -> dict[int, dict[str, dict[str, 
         table[n] = {}
         for path in ("math", "fused"):
             runs = [measure(n, path) for _ in range(repeats)]
-            table[n][path] = {key: sorted(r[key] for r in runs)[len(runs) // 2] for key in runs[0]}
+            table[n][path] = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
     return table

@@ -9,7 +9,6 @@ a CPU (the test suite does, so the script is known to work before a GPU is at ha
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
@@ -17,26 +16,7 @@ import torch
 from attnkit.nn.attention import attention_fused, attention_math
 from attnkit.objectives.base import token_loss
 from benchmarks.common import Comparison, add_mfu, compare
-from benchmarks.training import _gpt_pair, model_flops_per_token
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def matmul_peak(device: torch.device, n: int = 8192, repeats: int = 20, dtype: torch.dtype = torch.bfloat16) -> float:
-    """FLOP/s of the best of ``repeats`` n×n products on ``device``."""
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    a @ b
-    _sync(device)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        _sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+from benchmarks.training import _gpt_pair, matmul_peak, model_flops_per_token, sync, train_step
 
 
 def _timed(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
@@ -44,7 +24,7 @@ def _timed(fn: Callable[[], object], device: torch.device) -> Callable[[], None]
 
     def call() -> None:
         fn()
-        _sync(device)
+        sync(device)
 
     return call
 
@@ -58,19 +38,19 @@ def training(device: torch.device, small: bool, repeats: int, peak: float) -> Co
     opt_ours, opt_hf = (torch.optim.AdamW(m.parameters(), lr=1e-4, fused=device.type == "cuda") for m in (ours, hf))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
 
-    def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: Callable[[], torch.Tensor]) -> None:
-        optimizer.zero_grad(set_to_none=True)
+    def ours_loss(m: torch.nn.Module) -> torch.Tensor:
         with autocast:
-            value = loss()
-        value.backward()
-        optimizer.step()
+            return token_loss(m(ids).logits[:, :-1].float(), labels).total / labels.numel()
+
+    def hf_loss(m: torch.nn.Module) -> torch.Tensor:
+        with autocast:
+            return m(ids, labels=ids).loss
 
     labels = ids[:, 1:]
     result = compare(
         f"GPT-2-shaped d={d_model} N={layers} train step, bf16 ({batch}×{seq})",
-        _timed(lambda: step(ours, opt_ours, lambda: token_loss(ours(ids).logits[:, :-1].float(), labels).total
-                            / labels.numel()), device),
-        _timed(lambda: step(hf, opt_hf, lambda: hf(ids, labels=ids).loss), device),
+        _timed(lambda: train_step(ours, opt_ours, ours_loss), device),
+        _timed(lambda: train_step(hf, opt_hf, hf_loss), device),
         work=batch * seq, peer_name="transformers", repeats=repeats,
     )  # fmt: skip
     return add_mfu(result, model_flops_per_token(ours, seq), peak)
@@ -100,7 +80,7 @@ def run(device: str = "cuda", small: bool = False, repeats: int = 10) -> dict:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run the CPU suites instead (python -m benchmarks training)")
     torch.manual_seed(0)
-    peak = matmul_peak(dev, n=1024 if small else 8192, repeats=3 if small else 20)
+    peak = matmul_peak(n=1024 if small else 8192, repeats=3 if small else 20, dtype=torch.bfloat16, device=dev)
     result = training(dev, small, repeats, peak)
     return {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",

@@ -22,16 +22,28 @@ from attnkit.objectives.base import token_loss
 from benchmarks.common import Comparison, add_mfu, compare
 
 
-def matmul_peak(n: int = 2048, repeats: int = 10, dtype: torch.dtype = torch.float32) -> float:
-    """FLOP/s of the best of ``repeats`` n×n matrix products: the limit for MFU."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+def matmul_peak(
+    n: int = 2048, repeats: int = 10, dtype: torch.dtype = torch.float32, device: torch.device | None = None
+) -> float:
+    """FLOP/s of the best of ``repeats`` n×n matrix products on ``device`` (the CPU by default):
+    the limit for MFU. A CUDA device is synchronised so that the time covers the work."""
+    device = device or torch.device("cpu")
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
     a @ b
+    sync(device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         a @ b
+        sync(device)
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best
+
+
+def sync(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (CUDA runs asynchronously; the CPU does not)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _convert(hf: torch.nn.Module) -> torch.nn.Module:
@@ -88,7 +100,7 @@ class TorchTransformer(torch.nn.Module):
         return hidden @ self.embed.weight.T  # (B, T, d_model) -> (B, T, vocab)
 
 
-def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn) -> None:
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn) -> None:
     optimizer.zero_grad(set_to_none=True)
     loss_fn(model).backward()
     optimizer.step()
@@ -116,8 +128,8 @@ def run(
     results.append(
         compare(
             f"GPT-2-shaped d={d_model} N={layers} train step ({batch}×{seq})",
-            lambda: _step(ours, opt_ours, lambda m: token_loss(m(ids).logits, labels).total / labels.numel()),
-            lambda: _step(hf, opt_hf, lambda m: m(ids, labels=ids).loss),
+            lambda: train_step(ours, opt_ours, lambda m: token_loss(m(ids).logits, labels).total / labels.numel()),
+            lambda: train_step(hf, opt_hf, lambda m: m(ids, labels=ids).loss),
             work=batch * seq, peer_name="transformers", repeats=repeats,
             compile_ours=ours if compile else None,
         )
@@ -128,11 +140,11 @@ def run(
     results.append(
         compare(
             f"Marian-shaped d={d_model} N={layers}+{layers} train step ({batch}×{seq} → {seq})",
-            lambda: _step(
+            lambda: train_step(
                 ours, opt_ours,
                 lambda m: token_loss(m(ids, decoder_input_ids=labels).logits, labels).total / labels.numel(),
             ),
-            lambda: _step(hf, opt_hf, lambda m: m(ids, decoder_input_ids=labels, labels=labels).loss),
+            lambda: train_step(hf, opt_hf, lambda m: m(ids, decoder_input_ids=labels, labels=labels).loss),
             work=batch * seq, peer_name="transformers", repeats=repeats,
             compile_ours=ours if compile else None,
         )
@@ -145,11 +157,11 @@ def run(
     results.append(
         compare(
             f"encoder–decoder d={d_model} N={layers}+{layers} train step ({batch}×{seq} → {seq})",
-            lambda: _step(
+            lambda: train_step(
                 ours, opt_ours,
                 lambda m: token_loss(m(ids, decoder_input_ids=labels).logits, labels).total / labels.numel(),
             ),
-            lambda: _step(
+            lambda: train_step(
                 torch_model, opt_torch,
                 lambda m: torch.nn.functional.cross_entropy(m(ids, labels).flatten(0, 1), labels.flatten()),
             ),

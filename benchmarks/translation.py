@@ -61,6 +61,8 @@ class _Side:
         self.batches = iter(TokenBatches([cost(e) for e in data.train], run.train.batch_tokens, run.train.seed))
         self.optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
         self.trained, self.steps = 0.0, 0
+        self.sources = [s for s, _ in data.valid[:SENTENCES]]
+        self.references = [decode(data.tokenizer, t) for _, t in data.valid[:SENTENCES]]
         self.curve: list[tuple[float, float]] = []
 
     def step(self) -> None:
@@ -87,10 +89,8 @@ class _Side:
     def score(self) -> None:
         """Greedy BLEU on the first ``SENTENCES`` validation verses (not counted as training time)."""
         self.model.eval()
-        sources = [s for s, _ in self.data.valid[:SENTENCES]]
-        references = [decode(self.data.tokenizer, t) for _, t in self.data.valid[:SENTENCES]]
-        hypotheses = [decode(self.data.tokenizer, ids) for ids in _translate(self.model, sources, self.run)]
-        self.curve.append((self.trained / 60, _bleu(hypotheses, references)))
+        hypotheses = [decode(self.data.tokenizer, ids) for ids in _translate(self.model, self.sources, self.run)]
+        self.curve.append((self.trained / 60, _bleu(hypotheses, self.references)))
         print(f"{self.name}: step {self.steps}, {self.trained / 60:.1f} min, BLEU {self.curve[-1][1]:.2f}", flush=True)
 
 
