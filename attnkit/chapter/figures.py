@@ -55,9 +55,7 @@ def _earlier(ctx: Context) -> dict[str, _Ran]:
         was = f"{'--quick' if earlier.get('quick') else 'full'} mode, seed {earlier.get('seed')}"
         raise ValueError(f"{ctx.out} holds a report made in {was}; use the same mode and seed, or another --out")
     return {
-        name: _Ran(
-            Section(s["title"], tuple(s["labels"]), s["text"], s["figures"], s["numbers"]), s["seconds"], s["threads"]
-        )
+        name: _Ran(Section.from_json(s), s["seconds"], s["threads"])
         for name, s in earlier["sections"].items()
         if name in EXPERIMENTS
     }
@@ -115,16 +113,7 @@ def write_report(
         "quick": ctx.quick,
         "seconds": total,
         "sections": {
-            name: {
-                "title": r.section.title,
-                "labels": list(r.section.labels),
-                "text": r.section.text,
-                "figures": r.section.figures,
-                "seconds": r.seconds,
-                "threads": r.threads,
-                "numbers": r.section.numbers,
-            }
-            for name, r in sections.items()
+            name: {**r.section.to_json(), "seconds": r.seconds, "threads": r.threads} for name, r in sections.items()
         },
     }
     (ctx.out / NUMBERS).write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")

@@ -34,6 +34,15 @@ class Section:
     figures: list[str] = field(default_factory=list)
     numbers: dict[str, Any] = field(default_factory=dict)
 
+    def to_json(self) -> dict[str, Any]:
+        return {"title": self.title, "labels": list(self.labels), "text": self.text, "figures": self.figures,
+                "numbers": self.numbers}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Section:
+        """The section :meth:`to_json` wrote (extra keys, such as a report's timings, ignored)."""
+        return cls(data["title"], tuple(data["labels"]), data["text"], data["figures"], data["numbers"])
+
     def markdown(self) -> str:
         cites = " ".join(f"[{label}]" for label in self.labels)
         images = "".join(f"\n![{name}]({name})\n" for name in self.figures)

@@ -44,7 +44,4 @@ def report(out: Path) -> dict:
 @pytest.fixture(scope="session")
 def sections(out: Path, report: dict) -> dict[str, Section]:
     """Each experiment's section, rebuilt from report.json."""
-    return {
-        name: Section(s["title"], tuple(s["labels"]), s["text"], s["figures"], s["numbers"])
-        for name, s in report["sections"].items()
-    }
+    return {name: Section.from_json(s) for name, s in report["sections"].items()}
