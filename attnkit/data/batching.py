@@ -169,11 +169,7 @@ class BatchIterator:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from a position returned by :meth:`state_dict`; a bad one changes nothing."""
-        if set(state) != {"epoch", "batch"}:
-            raise ValueError(f"a batch position has the keys epoch and batch, got {sorted(state)}")
-        epoch, batch = state["epoch"], state["batch"]
-        if not (isinstance(epoch, int) and isinstance(batch, int) and epoch >= 0 and batch >= 0):
-            raise ValueError(f"epoch and batch must be integers >= 0, got epoch={epoch!r}, batch={batch!r}")
+        epoch, batch = read_position(state)
         n_batches = len(self._batches_of(epoch))
         if batch > n_batches:
             raise ValueError(
@@ -181,6 +177,16 @@ class BatchIterator:
                 "with other data, batch_tokens, seed or world_size"
             )
         self.epoch, self.batch = epoch, batch
+
+
+def read_position(state: dict[str, int]) -> tuple[int, int]:
+    """(epoch, batch) of a saved batch position, checked: exactly those keys, integers >= 0."""
+    if set(state) != {"epoch", "batch"}:
+        raise ValueError(f"a batch position has the keys epoch and batch, got {sorted(state)}")
+    epoch, batch = state["epoch"], state["batch"]
+    if not (isinstance(epoch, int) and isinstance(batch, int) and epoch >= 0 and batch >= 0):
+        raise ValueError(f"epoch and batch must be integers >= 0, got epoch={epoch!r}, batch={batch!r}")
+    return epoch, batch
 
 
 def padded_epoch(unsharded: TokenBatches, epoch: int, multiple: int, what: str) -> list[list[int]]:
@@ -257,11 +263,7 @@ class StepIterator(BatchIterator):
         return {"epoch": self.epoch, "batch": self.batch * self.source.group}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        if set(state) != {"epoch", "batch"}:
-            raise ValueError(f"a batch position has the keys epoch and batch, got {sorted(state)}")
-        epoch, batch = state["epoch"], state["batch"]
-        if not (isinstance(epoch, int) and isinstance(batch, int) and epoch >= 0 and batch >= 0):
-            raise ValueError(f"epoch and batch must be integers >= 0, got epoch={epoch!r}, batch={batch!r}")
+        epoch, batch = read_position(state)
         unpadded = len(self.source.unsharded.epoch_batches(epoch))
         if unpadded <= batch <= len(self.source.unsharded.lengths):  # past the unpadded list: the epoch was done
             step = len(self._batches_of(epoch))
