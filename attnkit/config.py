@@ -329,9 +329,12 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.98)  # the paper's
     eps: float = 1e-9  # the paper's
     weight_decay: float = 0.0
-    schedule: Literal["noam", "cosine", "constant"] = "noam"
+    # budget-linear / budget-cosine: warm-up, then decay to min_lr_ratio at the end of time_budget;
+    # the horizon in steps is fixed once from the step rate measured over the warm-up
+    # (training.schedule.budget_horizon) and saved with every checkpoint, so resuming follows it.
+    schedule: Literal["noam", "cosine", "constant", "budget-linear", "budget-cosine"] = "noam"
     warmup: int = 4000  # steps
-    min_lr_ratio: float = 0.1  # cosine: floor as a fraction of the peak
+    min_lr_ratio: float = 0.1  # cosine, budget-*: floor as a fraction of the peak
     clip_norm: float | None = 1.0  # gradient clipping; None = off
     # Steps whose loss is NaN or infinite that may be skipped (no update, counted as "skipped" in
     # the metrics) before training stops with the step number; 0 = stop at the first.
@@ -376,6 +379,11 @@ class TrainConfig:
             raise ValueError("train.label_smoothing must be in [0, 1) and train.min_lr_ratio in [0, 1]")
         if self.time_budget is not None and self.time_budget <= 0:
             raise ValueError(f"train.time_budget must be > 0 seconds, got {self.time_budget}")
+        if self.schedule.startswith("budget-") and self.time_budget is None:
+            raise ValueError(
+                f"train.schedule={self.schedule} decays to the end of the time budget, but train.time_budget is "
+                "null; set --train.time_budget=SECONDS, or use --train.schedule=cosine (decays over train.max_steps)"
+            )
         if self.clip_norm is not None and self.clip_norm <= 0:
             raise ValueError(f"train.clip_norm must be > 0 or null, got {self.clip_norm}")
         if self.batch_tokens < self.grad_accum:

@@ -157,3 +157,41 @@ def test_cli_train_bad_options(tmp_path: Path, corpus: Path, capsys: pytest.Capt
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+class StepClock:
+    """A stand-in for the trainer's ``time``: each reading is 10 ms after the last, so every
+    step takes the same time and a run's horizon is the same in every process."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 0.01
+        return self.now
+
+
+def test_budget_schedule_resumes_on_the_same_curve(
+    tmp_path: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from attnkit.training import trainer
+
+    monkeypatch.setattr(trainer, "time", StepClock())
+    # 3 readings a step (log_every=1): 0.03 s a step; the horizon is fixed after step 20.
+    changes = {"train.schedule": "budget-linear", "train.time_budget": "1.25", "train.max_steps": "1000"}
+    run = tiny_run(corpus, **changes, **{"train.min_lr_ratio": "0", "train.checkpoint_every": "1000"})
+    train(run, tmp_path / "straight", progress_bar=False)
+    train(run, tmp_path / "resumed", progress_bar=False, session_steps=27)  # after the horizon was fixed
+    train(run, tmp_path / "resumed", resume=True, progress_bar=False)
+    records = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    (fixed,) = [r for r in records if r["split"] == "schedule"]
+    assert fixed["step"] == 20 and 30 < fixed["horizon"] < 60
+    steps = [r for r in records if r["split"] == "train"]
+    assert steps[-1]["step"] == fixed["horizon"]  # the run ends where the decay does
+    assert steps[-1]["lr"] == pytest.approx(0.0, abs=1e-12) and steps[4]["lr"] == pytest.approx(3e-3)
+    state = json.loads((latest_checkpoint(tmp_path / "resumed") / "trainer_state.json").read_text())
+    assert state["progress"]["horizon"] == fixed["horizon"]
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "resumed")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert train_losses(tmp_path / "straight") == train_losses(tmp_path / "resumed")

@@ -7,7 +7,14 @@ import math
 import pytest
 
 from attnkit.config import TrainConfig
-from attnkit.training.schedule import learning_rate, noam, warmup_cosine
+from attnkit.training.schedule import (
+    MIN_HORIZON_PROBE,
+    budget_horizon,
+    horizon_probe,
+    learning_rate,
+    noam,
+    warmup_cosine,
+)
 
 
 @pytest.mark.parametrize("step", [1, 2, 100, 3999, 4000, 4001, 10_000, 100_000])
@@ -43,3 +50,40 @@ def test_learning_rate_follows_the_config() -> None:
     cfg = TrainConfig(schedule="cosine", lr=1e-3, warmup=0, max_steps=100, min_lr_ratio=0.0)
     assert learning_rate(100, cfg, 64) == pytest.approx(0.0, abs=1e-15)
     assert learning_rate(50, cfg, 64) == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+
+
+def budget(schedule: str = "budget-linear", **changes: object) -> TrainConfig:
+    settings = dict(schedule=schedule, lr=1e-3, warmup=40, time_budget=100.0, max_steps=10_000, min_lr_ratio=0.0)
+    return TrainConfig(**{**settings, **changes})
+
+
+def test_budget_horizon_is_where_the_budget_ends_at_the_measured_rate() -> None:
+    cfg = budget()
+    assert horizon_probe(cfg) == 40
+    uniform = {s: 0.5 + 1.0 * s for s in range(1, 41)}  # a slow first step, then 1 s a step
+    assert budget_horizon(cfg, uniform) == 40 + int((100.0 - 40.5) / 1.0)
+    assert budget_horizon(budget(max_steps=60), uniform) == 60  # max_steps still binds
+    assert budget_horizon(budget(time_budget=10.0), uniform) == 41  # the budget is spent: the decay ends next step
+    assert horizon_probe(budget(warmup=5)) == MIN_HORIZON_PROBE
+
+
+@pytest.mark.parametrize("schedule", ["budget-linear", "budget-cosine"])
+def test_budget_schedules_at_start_warmup_edge_and_end(schedule: str) -> None:
+    cfg, horizon = budget(schedule), 1000
+    assert learning_rate(1, cfg, 64, horizon) == pytest.approx(1e-3 / 40)
+    assert learning_rate(1, cfg, 64, None) == pytest.approx(1e-3 / 40)  # before the horizon is fixed: the warm-up
+    assert learning_rate(40, cfg, 64, horizon) == pytest.approx(1e-3)
+    assert learning_rate(horizon, cfg, 64, horizon) == pytest.approx(0.0, abs=1e-15)
+    middle = learning_rate(520, cfg, 64, horizon)
+    assert middle == pytest.approx(0.5e-3)  # halfway down, for the line and the cosine alike
+    quarter = learning_rate(280, cfg, 64, horizon)
+    cosine = 1e-3 * 0.5 * (1 + math.cos(math.pi / 4))
+    assert quarter == pytest.approx(0.75e-3 if schedule == "budget-linear" else cosine)
+    floor = budget(schedule, min_lr_ratio=0.1)
+    assert learning_rate(horizon, floor, 64, horizon) == pytest.approx(1e-4)
+    assert learning_rate(30, budget(schedule, warmup=0), 64, None) == 1e-3  # no warm-up: the peak until fixed
+
+
+def test_budget_schedule_needs_a_time_budget() -> None:
+    with pytest.raises(ValueError, match=r"train.schedule=budget-cosine .* train.time_budget is null; set"):
+        TrainConfig(schedule="budget-cosine", time_budget=None)
