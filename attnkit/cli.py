@@ -129,6 +129,8 @@ def _decoding_options(args: argparse.Namespace, vocab_size: int) -> dict:
         raise ValueError(f"{', '.join(set_without_sampling)} {verb} only when sampling; add --do-sample")
     if args.do_sample and args.num_beams > 1:
         raise ValueError(f"--do-sample samples one path per input; use --num-beams 1 (got {args.num_beams})")
+    if args.no_repeat_ngram_size is not None and args.no_repeat_ngram_size < 1:
+        raise ValueError(f"--no-repeat-ngram-size must be >= 1, got {args.no_repeat_ngram_size} (3 is usual)")
     for flag, value in [("--eos-id", args.eos_id), ("--pad-id", args.pad_id)]:
         if value is not None and not 0 <= value < vocab_size:
             raise ValueError(f"{flag} must be a token id in [0, {vocab_size}), got {value}")
@@ -143,6 +145,7 @@ def _decoding_options(args: argparse.Namespace, vocab_size: int) -> dict:
         top_p=args.top_p,
         eos_token_id=args.eos_id,
         pad_token_id=args.pad_id,
+        no_repeat_ngram_size=args.no_repeat_ngram_size,
     )
 
 
@@ -411,6 +414,9 @@ def _add_decoding_flags(
         default="gnmt",
         help="gnmt: ((5+|Y|)/6)^alpha, the paper's; power: |Y|^alpha, Hugging Face's (default gnmt)",
     )
+    group.add_argument(
+        "--no-repeat-ngram-size", metavar="N", type=int, help="never output the same N-gram twice (default: off)"
+    )
     group.add_argument("--do-sample", action="store_true", help="sample instead of taking the most likely token")
     group.add_argument("--temperature", metavar="T", type=float, help="sampling temperature > 0 (default 1.0)")
     group.add_argument("--top-k", metavar="K", type=int, help="sample among the k most likely tokens")
@@ -600,7 +606,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     pairs = _held_out(run, args.split)
     model = attnkit.from_pretrained(args.model)
     if run.objective == "translation":
-        options = {"num_beams": args.num_beams}
+        if args.no_repeat_ngram_size is not None and args.no_repeat_ngram_size < 1:
+            raise ValueError(f"--no-repeat-ngram-size must be >= 1, got {args.no_repeat_ngram_size} (3 is usual)")
+        options = {"num_beams": args.num_beams, "no_repeat_ngram_size": args.no_repeat_ngram_size}
         if args.num_beams > 1:
             options.update(length_penalty=args.length_penalty, length_penalty_style="gnmt")
         scores = score_translations(model, model.tokenizer, pairs, run.data.max_tokens, **options)
@@ -734,6 +742,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--split", choices=["valid", "test"], default="test", help="held-out split (default test)")
     evaluate.add_argument("--num-beams", type=int, default=4, help="beam size for translation (default 4; 1 = greedy)")
     evaluate.add_argument("--length-penalty", type=float, default=0.6, help="GNMT α for beam search (default 0.6)")
+    evaluate.add_argument(
+        "--no-repeat-ngram-size", metavar="N", type=int, help="never output the same N-gram twice (default: off)"
+    )
     evaluate.set_defaults(run=_evaluate)
 
     fill = sub.add_parser(

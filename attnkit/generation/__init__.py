@@ -11,6 +11,7 @@ from torch import Tensor
 
 from attnkit.generation.greedy import decode_one_path, filter_logits, sampler
 from attnkit.generation.incremental import IncrementalModel
+from attnkit.generation.ngrams import no_repeat_ngram
 from attnkit.models.core import Model, check_ids
 
 __all__ = ["IncrementalModel", "filter_logits", "generate"]
@@ -31,6 +32,7 @@ def _validate(
     source_length_offset: int | None,
     eos_token_id: int | None,
     pad_token_id: int | None,
+    no_repeat_ngram_size: int | None,
 ) -> None:
     cfg = model.config
     if cfg.family == "bert":
@@ -57,6 +59,12 @@ def _validate(
         raise ValueError(f"top_k must be an integer >= 1 or None, got {top_k!r}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if no_repeat_ngram_size is not None and (
+        not isinstance(no_repeat_ngram_size, int) or isinstance(no_repeat_ngram_size, bool) or no_repeat_ngram_size < 1
+    ):
+        raise ValueError(
+            f"no_repeat_ngram_size must be an integer >= 1 or None, got {no_repeat_ngram_size!r} (3 is usual)"
+        )
     if source_length_offset is not None and not cfg.is_encoder_decoder:
         raise ValueError("source_length_offset bounds a translation by its source; it needs an encoder-decoder")
     if source_length_offset is not None and source_length_offset < 0:
@@ -94,6 +102,7 @@ def generate(
     pad_token_id: int | None = None,
     seed: int | None = None,
     source_length_offset: int | None = None,
+    no_repeat_ngram_size: int | None = None,
 ) -> Tensor:
     """Continue ``input_ids`` (decoder-only: returns prompt + continuation) or translate them
     (encoder–decoder: returns the decoder sequence, starting with its start token).
@@ -105,10 +114,12 @@ def generate(
     ``seed``. Sequences end at ``eos_token_id`` (default: the config's) and are padded with
     ``pad_token_id``; ``source_length_offset`` caps each translation at its source length +
     the offset. Decoder-only prompts may be left-padded (``attention_mask`` 0 on the left).
+    ``no_repeat_ngram_size`` = n forbids any n-gram to occur twice in a row's sequence (prompt
+    or start token included, as in ``transformers``), in every decoding mode.
     """
     _validate(
         model, input_ids, attention_mask, max_new_tokens, num_beams, length_penalty, length_penalty_style, do_sample,
-        temperature, top_k, top_p, source_length_offset, eos_token_id, pad_token_id,
+        temperature, top_k, top_p, source_length_offset, eos_token_id, pad_token_id, no_repeat_ngram_size,
     )  # fmt: skip
     cfg = model.config
     eos = cfg.eos_token_id if eos_token_id is None else eos_token_id
@@ -121,24 +132,25 @@ def generate(
             else torch.full_like(input_ids[:, 0], input_ids.shape[1])
         )
         budget = (lengths + source_length_offset).clamp(min=1)
+    incremental = IncrementalModel(model, input_ids, attention_mask, num_beams, max_new_tokens)
+    constraint = None
+    if no_repeat_ngram_size is not None:  # n-grams over what the decoder reads: the prompt or the start token
+        constraint = no_repeat_ngram(incremental.prompt, no_repeat_ngram_size)
     if num_beams > 1:
         from attnkit.generation.beam import beam_search
 
-        beams = IncrementalModel(model, input_ids, attention_mask, num_beams, max_new_tokens)
         new = beam_search(
-            beams, num_beams, max_new_tokens, eos, pad, length_penalty, length_penalty_style, early_stopping, budget
-        )
+            incremental, num_beams, max_new_tokens, eos, pad, length_penalty, length_penalty_style, early_stopping,
+            budget, constraint,
+        )  # fmt: skip
+    elif do_sample:
+        generator = torch.Generator(device=input_ids.device)
+        # Without a seed, draw one from the global generator: torch.manual_seed still governs it.
+        generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
+        choose = sampler(temperature, top_k, top_p, generator)
+        new = decode_one_path(incremental, max_new_tokens, eos, pad, choose, budget, constraint)
     else:
-        incremental = IncrementalModel(model, input_ids, attention_mask, 1, max_new_tokens)
-        if do_sample:
-            generator = torch.Generator(device=input_ids.device)
-            # Without a seed, draw one from the global generator: torch.manual_seed still governs it.
-            generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
-            new = decode_one_path(
-                incremental, max_new_tokens, eos, pad, sampler(temperature, top_k, top_p, generator), budget
-            )
-        else:
-            new = decode_one_path(incremental, max_new_tokens, eos, pad, budget=budget)
+        new = decode_one_path(incremental, max_new_tokens, eos, pad, budget=budget, constraint=constraint)
     if cfg.is_encoder_decoder:
         start = torch.full_like(new[:, :1], cfg.decoder_start_token_id)
         return torch.cat([start, new], dim=1)

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from attnkit.generation.incremental import IncrementalModel
+from attnkit.generation.ngrams import Constraint
 
 NEG_INF = float("-inf")
 
@@ -92,6 +93,7 @@ def beam_search(
     length_penalty_style: str,
     early_stopping: bool,
     budget: Tensor | None,
+    constraint: Constraint | None = None,
 ) -> Tensor:
     """Beam search with ``num_beams`` = k beams per example, the generalisation of the greedy
     loop of [alg:att-decode] (k = 1 is greedy decoding). ``model`` holds k rows per example,
@@ -113,6 +115,10 @@ def beam_search(
     - At ``max_new_tokens``, or at an example's ``budget`` (B,) cap on new tokens, the k best
       extensions of the step are finalised (ending in EOS or not), as transformers does at
       its max length, and the example is done.
+
+    - ``constraint`` rewrites each step's log-probabilities (N, V) before the top-2k, given
+      each row's tokens so far, as transformers applies its logits processors after the
+      log-softmax (banned tokens get -inf; the others are not renormalised).
 
     Differences from transformers: empty slots are -inf rather than -1e9, so with a
     vocabulary smaller than 2k a dead slot never turns into a hypothesis; ``"gnmt"`` and
@@ -137,7 +143,10 @@ def beam_search(
         length = t + 1  # |Y| of every candidate of this step
         divisor = length_penalty_factor(length, length_penalty, length_penalty_style)  # lp(|Y|)
         # 6: p <- softmax(...), as log-probabilities added to each prefix's (beams x vocabulary)
-        log_p = torch.log_softmax(logits.float(), dim=-1).view(B, k, V)
+        log_p = torch.log_softmax(logits.float(), dim=-1)  # (B·k, V)
+        if constraint is not None:
+            log_p = constraint(log_p, beams.tokens[:, :, :t].reshape(B * k, t))
+        log_p = log_p.view(B, k, V)
         total = (log_p + beams.scores[:, :, None]).view(B, k * V)  # (B, k·V)
         # 7: the argmax becomes a top-2k, over all k·V extensions of an example at once
         cand_scores, flat = total.topk(n_candidates, dim=1)  # (B, 2k), best first

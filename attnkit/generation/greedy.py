@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from attnkit.generation.incremental import IncrementalModel
+from attnkit.generation.ngrams import Constraint
 
 Choose = Callable[[Tensor], Tensor]  # next-token logits (N, vocab) -> chosen tokens (N,)
 
@@ -26,12 +27,14 @@ def decode_one_path(
     pad_token_id: int,
     choose: Choose = argmax,
     budget: Tensor | None = None,
+    constraint: Constraint | None = None,
 ) -> Tensor:
     """The loop of [alg:att-decode], numbered as the chapter numbers it; returns the new tokens
     (N, ≤ max_new_tokens), rows that finished early padded with ``pad_token_id``.
 
     ``budget`` (N,): a per-row cap on new tokens (source length + offset), on top of
-    ``max_new_tokens``.
+    ``max_new_tokens``. ``constraint`` rewrites the logits before each choice (banned tokens
+    to -inf: :func:`attnkit.generation.ngrams.no_repeat_ngram`).
     """
     # 1: H_enc <- Encoder(x), once (IncrementalModel did it); 2: y <- (BOS)
     # 4-6 for t = 1: embed y, add positions, run the decoder stack, p <- softmax(W z_t + b)
@@ -40,6 +43,8 @@ def decode_one_path(
     out = torch.full((N, max_new_tokens), pad_token_id, dtype=torch.long, device=logits.device)
     finished = torch.zeros(N, dtype=torch.bool, device=logits.device)
     for t in range(max_new_tokens):  # 3: for t = 1 .. T_max
+        if constraint is not None:
+            logits = constraint(logits, out[:, :t])
         token = choose(logits)  # 7: y_t <- argmax_v p_v (or a sample)
         token = torch.where(finished, pad_token_id, token)
         out[:, t] = token  # 8: append y_t to y
