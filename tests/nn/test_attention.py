@@ -501,3 +501,19 @@ def test_mha_validation_survives_python_optimize_flag() -> None:
     )
     proc = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("n", [16, 160])  # 16² scores: the math kernel under autograd; 160²: flash
+def test_fused_gradients_equal_math_on_either_kernel(n: int) -> None:
+    g = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(3, 2, n, 8, generator=g) for _ in range(3))
+    mask = torch.ones(3, 1, 1, n, dtype=torch.bool)
+    mask[1, ..., n // 2 :] = False
+    grads = []
+    for path in (attention_fused, lambda *a: attention_math(*a)[0]):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = path(*leaves, mask)
+        out.backward(torch.ones_like(out) + torch.arange(8.0))
+        grads.append([out.detach(), *(t.grad for t in leaves)])
+    for fused, math_path in zip(*grads, strict=True):
+        torch.testing.assert_close(fused, math_path, atol=1e-5, rtol=1e-4)

@@ -42,7 +42,5 @@ def bucket(relative_position: int, bidirectional: bool, num_buckets: int, max_di
     return ret + min(large, num_buckets - 1)
 
 
-def buckets(
-    relative_positions: list[int], bidirectional: bool, num_buckets: int, max_distance: int
-) -> list[int]:
+def buckets(relative_positions: list[int], bidirectional: bool, num_buckets: int, max_distance: int) -> list[int]:
     return [bucket(r, bidirectional, num_buckets, max_distance) for r in relative_positions]
