@@ -63,14 +63,13 @@ def budget_horizon(cfg: TrainConfig, seconds: dict[int, float]) -> int:
 
 def learning_rate(step: int, cfg: TrainConfig, d_model: int, horizon: int | None = None) -> float:
     """The learning rate of optimiser step ``step`` (from 1) under ``cfg``. The budget
-    schedules decay towards ``horizon``; until it is fixed they are in their warm-up (or at
-    the peak, when the warm-up is shorter than :data:`MIN_HORIZON_PROBE` steps)."""
+    schedules decay towards ``horizon``; until it is fixed, towards ``train.max_steps`` (which
+    only the warm-up's steps see, and the steps of a run too short to fix a horizon)."""
     if cfg.schedule == "noam":
         return noam(step, d_model, cfg.warmup, cfg.lr)
     if cfg.schedule == "cosine":
         return warmup_cosine(step, cfg.lr, cfg.warmup, cfg.max_steps, cfg.min_lr_ratio)
     if cfg.schedule.startswith("budget-"):
-        if horizon is None:
-            return cfg.lr * min(1.0, max(step, 1) / cfg.warmup) if cfg.warmup else cfg.lr
-        return warmup_decay(step, cfg.lr, cfg.warmup, horizon, cfg.min_lr_ratio, cfg.schedule.removeprefix("budget-"))
+        total = cfg.max_steps if horizon is None else horizon
+        return warmup_decay(step, cfg.lr, cfg.warmup, total, cfg.min_lr_ratio, cfg.schedule.removeprefix("budget-"))
     return cfg.lr
