@@ -5,19 +5,33 @@ Suites: ``peak`` (the machine's fp32 and bf16 matmul FLOP/s, the limit for MFU),
 grows), ``training`` (train steps and MFU), ``attention`` (time and memory of the math and
 fused paths as n grows to 16k), ``gpu`` (the bf16 suite on one accelerator: benchmarks/gpu.sh),
 ``translation`` (BLEU at equal wall time vs a MarianMT of the same size), ``demo`` (make demo's
-job end to end: time and BLEU).
+job end to end: time and BLEU), ``trainspeed`` (training throughput at the demo's shape against an
+earlier commit, side by side), ``recipe`` (variants of a run preset over seeds and budgets, each
+in a fresh process: ``python -m benchmarks recipe --help``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from benchmarks import attention, demo, fastpaths, forward, generation, gpu, training, translation
+from benchmarks import (
+    attention,
+    demo,
+    fastpaths,
+    forward,
+    generation,
+    gpu,
+    recipe,
+    training,
+    trainspeed,
+    translation,
+)
 from benchmarks.common import machine, report
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -105,6 +119,19 @@ def _demo(out: Path | None, budget: float | None) -> str:
     ])  # fmt: skip
 
 
+def _trainspeed(out: Path | None, baseline: str, small: bool, repeats: int) -> str:
+    result = trainspeed.run(baseline, repeats=min(repeats, 3), small=small)
+    _write(out, {"trainspeed": result})
+    rates, mfu = result["median"], result["mfu"]
+    return "\n".join([
+        f"### Training throughput at the demo's shape: this tree vs {baseline} (median of "
+        f"{len(result['target_tokens_per_s']['this'])} runs each, in turn)", "",
+        "| tree | target tokens/s | MFU (bf16 peak) | padding |", "|---|---|---|---|",
+        *(f"| {side} | {rates[side]:,.0f} | {mfu[side]:.0%} | {result['padding'][side]:.1%} |" for side in rates),
+        "", f"ratio: **{result['ratio']:.2f}×**",
+    ])  # fmt: skip
+
+
 def _translation(out: Path | None, small: bool, budget: float | None) -> str:
     curves = translation.run(small=small, budget=budget)
     names = list(curves)
@@ -121,8 +148,10 @@ def _translation(out: Path | None, small: bool, budget: float | None) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["recipe"]:  # its own options: variants, seeds, budgets
+        sys.exit(recipe.main(sys.argv[2:]))
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    others = ["peak", "attention", "latency", "translation", "gpu", "demo"]
+    others = ["peak", "attention", "latency", "translation", "gpu", "demo", "recipe", "trainspeed"]
     parser.add_argument("suite", choices=[*sorted(SUITES), *others])
     parser.add_argument("--small", action="store_true", help="tiny shapes (a quick check that it runs)")
     parser.add_argument("--repeats", type=int, default=5)
@@ -130,9 +159,13 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="forward, training: torch.compile attnkit's model")
     parser.add_argument("--device", default="cuda", help="gpu: the device to run on (cpu with --small to try it)")
     parser.add_argument("--budget", type=float, help="translation, demo: seconds of training (each side)")
+    parser.add_argument("--baseline", default="361eb30", help="trainspeed: the commit to compare with")
     args = parser.parse_args()
     if args.suite == "demo":
         print(_demo(args.out, args.budget))
+        return
+    if args.suite == "trainspeed":
+        print(_trainspeed(args.out, args.baseline, args.small, args.repeats))
         return
     if args.suite == "gpu":
         print(_gpu(args.out, args.small, args.repeats, args.device))

@@ -27,3 +27,55 @@ def test_suite_runs_and_writes_json(suite: str, options: list[str], tmp_path: Pa
     assert result.stdout.lstrip().startswith("###")
     numbers = json.loads(out.read_text())
     assert numbers["machine"]["torch"]
+
+
+def recipe(*options: str, out: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "benchmarks", "recipe", "--preset", "numbers-en-de", "--out", str(out), *options]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_recipe_runs_two_variants_and_writes_json_table_and_plot(tmp_path: Path) -> None:
+    base = "data.numbers=600,train.batch_tokens=512,train.warmup=5"
+    variants = ["--variant", "noam:", "--variant", "budget:train.schedule=budget-linear,train.lr=3e-3"]
+    result = recipe("--name", "tiny", "--steps", "25", "--base", base, *variants, out=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    payload = json.loads((tmp_path / "recipe-tiny.json").read_text())
+    runs = {r["variant"]: r for r in payload["runs"]}
+    assert set(runs) == {"noam", "budget"}
+    for run in runs.values():
+        assert run["steps"] == 25 and run["budget"] == "25 steps" and run["split"] == "valid"
+        assert run["target_tokens_per_s"] > 0 and 0 <= run["padding"] < 1
+        assert {"bleu_greedy", "bleu_beam4", "chrf_greedy", "chrf_beam4", "valid_nll", "load_before"} <= set(run)
+    assert runs["budget"]["horizon"] == 25  # by steps: the budget schedule decays over them
+    table = (tmp_path / "recipe-tiny.md").read_text()
+    assert table.count("| 25 steps |") == 2 and "BLEU beam-4" in table
+    assert (tmp_path / "recipe-tiny.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--variant", "x:train.lr_typo=1"], "variant 'x': unknown option --train.lr_typo; did you mean --train.lr?"),
+        (["--variant", "x:train.schedule=wavy"], "variant 'x': --train.schedule=wavy: expected one of"),
+        (["--variant", "x:train.lr"], "variant 'x': 'train.lr' is not key=value"),
+        (["--variant", "x:", "--seeds", "a"], "--seeds must be integers"),
+        ([], "no variant to run"),
+    ],
+)
+def test_recipe_refuses_bad_variants_before_running_anything(tmp_path: Path, options: list[str], message: str) -> None:
+    result = recipe(*options, out=tmp_path / "results")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_trainspeed_runs_both_trees_in_turn(tmp_path: Path) -> None:
+    out = tmp_path / "trainspeed.json"
+    command = [sys.executable, "-m", "benchmarks", "trainspeed", "--small", "--baseline", "HEAD", "--out", str(out)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    numbers = json.loads(out.read_text())["trainspeed"]
+    assert set(numbers["median"]) == {"baseline", "this"} and numbers["ratio"] > 0
+    assert all(0 < m < 1 for m in numbers["mfu"].values())
+    assert "ratio: **" in result.stdout
