@@ -539,9 +539,12 @@ def _train(args: argparse.Namespace) -> int:
     if not reporter:
         return 0
     metrics = ", ".join(f"{k} {v:.4g}" for k, v in final.items() if k != "tokens")
-    print(f"step {progress.step}: {progress.tokens:,} target tokens in {progress.seconds:.0f} s of training")
-    print(f"validation: {metrics}")
     saved = _saved_run(args.out)
+    print(
+        f"step {progress.step}: {progress.tokens:,} target tokens in {progress.seconds:.0f} s of training "
+        f"(seed {saved.train.seed}, {progress.tokens / max(progress.seconds, 1e-9):,.0f} target tokens/s)"
+    )
+    print(f"validation: {metrics}")
     if saved.objective == "translation":
         _print_translation_report(args.out, saved)
     print(f"run directory: {args.out}  (total time {time.perf_counter() - start:.0f} s)")
@@ -579,7 +582,7 @@ def _print_translation_report(run_dir: str, run: RunConfig, split: str = "test")
     from pathlib import Path
 
     import attnkit
-    from attnkit.training.report import translation_report
+    from attnkit.training.report import plot_training_curve, translation_report
 
     model = attnkit.from_pretrained(run_dir)
     pairs = _held_out(run, split)
@@ -591,6 +594,8 @@ def _print_translation_report(run_dir: str, run: RunConfig, split: str = "test")
         print(f"  source:    {source}\n  reference: {reference}\n  attnkit:   {hypothesis}")
     if report.figure is not None:
         print(f"cross-attention alignment of the first sample: {report.figure}")
+    curve = plot_training_curve(Path(run_dir), Path(run_dir) / "curve.png")
+    print(f"training curve (loss and learning rate against seconds): {curve}")
 
 
 def _evaluate(args: argparse.Namespace) -> int:

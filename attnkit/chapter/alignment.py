@@ -14,8 +14,14 @@ from attnkit.models.core import EncoderDecoderModel
 
 
 def pieces(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
-    """Readable token labels (byte-level BPE marks a leading space with Ġ)."""
-    return [tokenizer.id_to_token(i).replace("Ġ", "▁") for i in ids]
+    """Readable token labels: each token's text as the tokenizer's decoder writes it, a leading
+    space shown as ▁. Byte-level BPE stores "Éternel" as "ĠÃīternel"; decoded, it reads
+    "▁Éternel". A token holding only part of a character's bytes keeps its stored form."""
+    labels = []
+    for i in ids:
+        text = tokenizer.decode([i], skip_special_tokens=False)
+        labels.append(tokenizer.id_to_token(i) if "\ufffd" in text or not text else text.replace(" ", "▁"))
+    return labels
 
 
 @torch.no_grad()

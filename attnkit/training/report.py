@@ -4,6 +4,7 @@ sentence."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,3 +75,34 @@ def translation_report(
 
         figure = plot_alignment(model, tokenizer, shown[0][0], figure)
     return TranslationReport(len(pairs), greedy, beam, shown, figure, time.perf_counter() - start)
+
+
+def plot_training_curve(run_dir: Path, path: Path) -> Path:
+    """Draw a run's training loss and learning rate against seconds of training, from its
+    metrics.jsonl, into ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    steps = [r for r in map(json.loads, lines) if r["split"] == "train"]
+    seconds = [r["seconds"] for r in steps]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(seconds, [r["loss"] for r in steps], label="training loss (label-smoothed)", color="tab:blue")
+    if any("nll_rate" in r for r in steps):
+        ax.plot(seconds, [r.get("nll_rate") for r in steps], label="training NLL", color="tab:cyan", alpha=0.8)
+    ax.set_xlabel("seconds of training")
+    ax.set_ylabel("loss per target token")
+    ax.grid(alpha=0.3)
+    rate = ax.twinx()
+    rate.plot(seconds, [r["lr"] for r in steps], color="tab:orange", label="learning rate")
+    rate.set_ylabel("learning rate")
+    handles = ax.get_legend_handles_labels()[0] + rate.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper right")
+    ax.set_title(f"{run_dir.name}: {steps[-1]['step'] if steps else 0} steps")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

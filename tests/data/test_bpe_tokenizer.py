@@ -124,3 +124,13 @@ def test_specials_of_names_each_missing_special() -> None:
     with pytest.raises(ValueError, match="lacks the special tokens </s>, <unk>, <mask>, <extra_id_0>") as err:
         specials_of(foreign)
     assert "<pad>" not in str(err.value) and "<s>," not in str(err.value)
+
+
+def test_figure_labels_read_as_text_not_bytes(tokenizer: Tokenizer) -> None:
+    from attnkit.chapter.alignment import pieces
+
+    text = "Nous étions à la maison, à côté du café."
+    labels = pieces(tokenizer, tokenizer.encode(text, add_special_tokens=False).ids)
+    assert "".join(labels).replace("▁", " ") == text  # no "Ã©" for "é"
+    assert any("é" in label for label in labels)
+    assert pieces(tokenizer, [specials_of(tokenizer).eos]) == ["</s>"]
