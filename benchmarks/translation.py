@@ -1,7 +1,10 @@
 """BLEU at equal wall time: attnkit's translator vs a ``transformers`` MarianMT of the same
 size, trained on the same Bible pairs, tokenizer, batches, precision and budget with the same
-plain loop (Adam (0.9, 0.98, 1e-9), Noam, label smoothing 0.1), scored by sacreBLEU (greedy)
-on the same held-out verses at regular intervals of training time — the BLEU-vs-minutes curve.
+plain loop and the ``translate-en-fr`` preset's recipe (Adam (0.9, 0.98, 1e-9), its schedule,
+label smoothing and dropout; Marian is post-LN whatever the preset says), scored by sacreBLEU
+(greedy) on the same held-out verses at regular intervals of training time — the
+BLEU-vs-minutes curve. A budget schedule fixes each side's horizon from that side's own step
+rate, as the trainer does.
 The two train in one process, a step each in turn, each on its own clock, so that a busy
 machine slows both alike.
 
@@ -10,6 +13,7 @@ machine slows both alike.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -24,7 +28,7 @@ from attnkit.objectives.translation import Translation
 from attnkit.training.distributed import native_bf16
 from attnkit.training.evaluate import translate_ids
 from attnkit.training.run import cost, load_data, model_config_for
-from attnkit.training.schedule import noam
+from attnkit.training.schedule import budget_horizon, horizon_probe, learning_rate
 
 SENTENCES = 200
 
@@ -57,10 +61,12 @@ class _Side:
 
     def __init__(self, name: str, model: torch.nn.Module, data: Any, run: Any) -> None:
         self.name, self.model, self.data, self.run = name, model, data, run
-        self.objective = Translation(data.specials)
+        self.objective = Translation(data.specials, label_smoothing=run.train.label_smoothing)
         self.batches = iter(TokenBatches([cost(e) for e in data.train], run.train.batch_tokens, run.train.seed))
         self.optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
         self.trained, self.steps = 0.0, 0
+        self.horizon: int | None = None  # a budget schedule's, fixed from this side's own clock
+        self.seconds_at: dict[int, float] = {}
         self.sources = [s for s, _ in data.valid[:SENTENCES]]
         self.references = [decode(data.tokenizer, t) for _, t in data.valid[:SENTENCES]]
         self.curve: list[tuple[float, float]] = []
@@ -70,7 +76,7 @@ class _Side:
         self.steps += 1
         run = self.run
         for group in self.optimizer.param_groups:
-            group["lr"] = noam(self.steps, run.model.d_model, run.train.warmup, run.train.lr)
+            group["lr"] = learning_rate(self.steps, run.train, run.model.d_model, self.horizon)
         examples = [self.data.train[i] for i in next(self.batches)]
         batch = self.objective.batch(examples, torch.Generator().manual_seed(self.steps))
         self.model.train()
@@ -79,12 +85,21 @@ class _Side:
                 input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                 decoder_input_ids=batch["decoder_input_ids"], decoder_attention_mask=batch["decoder_attention_mask"],
             ).logits  # fmt: skip
-        total, tokens = label_smoothed_nll(logits.float(), batch["labels"], 0.1)
+        total, tokens = label_smoothed_nll(logits, batch["labels"], run.train.label_smoothing)
         self.optimizer.zero_grad(set_to_none=True)
         (total / tokens).backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         self.trained += time.perf_counter() - start
+        if run.train.schedule.startswith("budget-") and self.horizon is None:
+            self.seconds_at[self.steps] = self.trained
+            if self.steps == horizon_probe(run.train):
+                self.horizon = budget_horizon(run.train, self.seconds_at)
+
+    @property
+    def at_horizon(self) -> bool:
+        """A budget schedule's decay has ended: further steps would not move the weights."""
+        return self.horizon is not None and self.steps >= self.horizon
 
     def score(self) -> None:
         """Greedy BLEU on the first ``SENTENCES`` validation verses (not counted as training time)."""
@@ -98,7 +113,7 @@ def _race(sides: list[_Side], budget: float, points: int) -> None:
     """Train every side for ``budget`` seconds of its own clock, one step each in turn, so that
     whatever else the machine is doing slows them alike; score each every ``budget / points``."""
     for point in range(1, points + 1):
-        while behind := [s for s in sides if s.trained < budget * point / points]:
+        while behind := [s for s in sides if s.trained < budget * point / points and not s.at_horizon]:
             for side in behind:
                 side.step()
         for side in sides:
@@ -128,6 +143,7 @@ def run(small: bool = False, points: int = 5, budget: float | None = None) -> di
     data = load_data(config, None)
     config = model_config_for(config, data)
     budget = budget or (60.0 if small else config.train.time_budget)
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train, time_budget=budget))
     sides = []
     for name, make in (("attnkit", build_model), ("transformers MarianMT", _marian)):
         torch.manual_seed(0)
