@@ -350,7 +350,7 @@ class Trainer:
                         stop_at = min(stop_at, self._fix_horizon(seconds_at))
                 bar.update(min(self.progress.seconds, cfg.time_budget) - bar.n if by_time else 1)
                 step = self.progress.step
-                if step % cfg.log_every == 0 or step == cfg.max_steps:
+                if step % cfg.log_every == 0 or step in (cfg.max_steps, self.progress.horizon):
                     now = time.perf_counter()
                     stats["tokens_per_s"] = tokens_since / max(now - clock, 1e-9)
                     tokens_since, clock = 0, now
