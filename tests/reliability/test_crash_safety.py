@@ -44,7 +44,7 @@ from attnkit.training.checkpoint import (
     load_checkpoint,
 )
 
-STEPS, EVERY = 30, 3  # a run's steps; a checkpoint every EVERY steps
+STEPS, EVERY = 60, 3  # a run's steps (ten kills a few steps apart must not reach the end); a checkpoint every EVERY
 TIMEOUT = 120  # seconds for any one wait; a whole run takes about 8 s on a busy core
 WORDS = ["the", "cat", "sat", "on", "mat", "and", "dog", "ran", "in", "park", "while", "birds", "sang"]
 OPTIONS = [
