@@ -61,6 +61,16 @@ SCREENS: dict[str, dict[str, dict[str, str]]] = {
         "1k-token batches": {**_BEST, "train.batch_tokens": "1024"},
         "3k-token batches": {**_BEST, "train.batch_tokens": "3072"},
     },
+    "vocabulary": {
+        "4k joint BPE": {**_BEST, "data.vocab_size": "4000"},
+    },
+    "shape": {
+        "4+2 layers": {**_BEST, "model.n_layers": "4", "model.n_decoder_layers": "2"},
+        "5+1 layers": {**_BEST, "model.n_layers": "5", "model.n_decoder_layers": "1"},
+    },
+    "engine": {
+        "torch.compile (its compile time inside the budget)": {**_BEST, "train.compile": "true"},
+    },
 }
 
 
@@ -115,7 +125,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     """Train one variant and score it: the body of the child process."""
     from attnkit import from_pretrained
     from attnkit.training.evaluate import BEAM
-    from attnkit.training.report import score_translations
+    from attnkit.training.report import TUNED_BEAM, score_translations
     from attnkit.training.run import read_texts, train
 
     run = apply_overrides(run_preset(spec["preset"]), spec["overrides"])
@@ -129,6 +139,10 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     scoring = time.perf_counter()
     greedy = score_translations(model, model.tokenizer, pairs, run.data.max_tokens, num_beams=1)
     beam = score_translations(model, model.tokenizer, pairs, run.data.max_tokens, **BEAM)
+    tuned = {}
+    if spec.get("tuned"):  # the demo's decoding too
+        scores = score_translations(model, model.tokenizer, pairs, run.data.max_tokens, **TUNED_BEAM)
+        tuned = {"bleu_tuned": scores.bleu, "chrf_tuned": scores.chrf, "samples": scores.hypotheses[:5]}
     return {
         "steps": progress.step,
         "horizon": horizon[0] if horizon else None,
@@ -146,6 +160,8 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
         "chrf_beam4": beam.chrf,
         "scoring_seconds": time.perf_counter() - scoring,
         "signature": greedy.signature,
+        "valid_bleu_greedy_200": final.get("bleu_greedy"),  # the first 200 validation verses, as the trainer scores
+        **tuned,
     }
 
 
@@ -177,6 +193,7 @@ def study(
     split: str,
     out: Path,
     budget_label: str,
+    tuned: bool = False,
 ) -> dict[str, Any]:
     """Run every variant for every seed, one process at a time; ``recipe-NAME.json`` is
     rewritten after each run, so a study cut short keeps what it measured."""
@@ -189,7 +206,12 @@ def study(
         for seed in seeds:
             load_before = os.getloadavg()[0]
             start = time.perf_counter()
-            spec = {"preset": preset, "overrides": {**overrides, "train.seed": str(seed)}, "split": split}
+            spec = {
+                "preset": preset,
+                "overrides": {**overrides, "train.seed": str(seed)},
+                "split": split,
+                "tuned": tuned,
+            }
             result = _child(spec)
             row = {
                 "variant": variant, "seed": seed, "budget": budget_label, "overrides": overrides, **result,
@@ -338,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     parser.add_argument("--split", choices=["valid", "test"], default="valid", help="scored split (default valid)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
+    parser.add_argument("--tuned", action="store_true", help="also score the demo's beam (α=1.0, no 3-gram twice)")
     parser.add_argument("--decoding", type=Path, metavar="RUN", help="score a trained run's decoding settings instead")
     args = parser.parse_args(argv)
     if args.decoding is not None:
@@ -366,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or args.screen or "recipe"
     seconds = args.budget or run_preset(args.preset).train.time_budget
     label = f"{args.steps} steps" if args.steps else f"{seconds:.0f} s" if seconds else "preset's steps"
-    payload = study(name, args.preset, runs, seeds, args.split, args.out, label)
+    payload = study(name, args.preset, runs, seeds, args.split, args.out, label, args.tuned)
     markdown = table(payload)
     (args.out / f"recipe-{name}.md").write_text(markdown + "\n", encoding="utf-8")
     print(markdown)

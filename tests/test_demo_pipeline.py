@@ -34,11 +34,16 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_training_reports_bleu_samples_and_figure(run_dir: tuple[Path, str]) -> None:
     out, stdout = run_dir
     assert "sacreBLEU nrefs:1|case:mixed|eff:no|tok:13a" in stdout
-    assert "greedy          BLEU" in stdout and "beam 4, α=0.6   BLEU" in stdout
+    assert "  greedy                           BLEU" in stdout and "  beam 4, α=0.6                    BLEU" in stdout
+    assert "  beam 4, α=1.0, no 3-gram twice   BLEU" in stdout
     assert stdout.count("  reference: ") == 5
     figure = out / "alignment.png"
     assert figure.exists() and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"attnkit translate --model {out}" in stdout
+    assert "target tokens in" in stdout and "(seed 0, " in stdout and "target tokens/s)" in stdout
+    curve = out / "curve.png"
+    assert f"training curve (loss and learning rate against seconds): {curve}" in stdout
+    assert curve.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_translate_from_the_cli(run_dir: tuple[Path, str], capsys: pytest.CaptureFixture) -> None:
