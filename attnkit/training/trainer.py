@@ -329,6 +329,12 @@ class Trainer:
         seconds_at: dict[int, float] = {}  # step -> training seconds at its end, until the horizon is fixed
         if self.progress.horizon is not None:
             stop_at = min(stop_at, self.progress.horizon)
+            if self.progress.step >= self.progress.horizon and self.world.is_main:
+                log.warning(
+                    "%s: this run's decay ended at step %d, where it stands: more time does not train it further; "
+                    "start a new run with a longer train.time_budget, or use train.schedule=noam",
+                    cfg.schedule, self.progress.horizon,
+                )  # fmt: skip
         try:
             while self.progress.step < stop_at:
                 # Every rank must stop after the same step, whichever of them got the signal.

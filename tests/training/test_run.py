@@ -14,7 +14,13 @@ from safetensors.torch import load_file
 import attnkit
 from attnkit.cli import main
 from attnkit.config import apply_overrides, run_preset
-from attnkit.training.checkpoint import MARKER, checkpoint_dir, complete_checkpoints, latest_checkpoint
+from attnkit.training.checkpoint import (
+    MARKER,
+    checkpoint_dir,
+    checkpoint_step,
+    complete_checkpoints,
+    latest_checkpoint,
+)
 from attnkit.training.run import train
 
 TINY = {
@@ -195,3 +201,19 @@ def test_budget_schedule_resumes_on_the_same_curve(
     for name in a:
         assert torch.equal(a[name], b[name]), name
     assert train_losses(tmp_path / "straight") == train_losses(tmp_path / "resumed")
+
+
+def test_resuming_a_finished_budget_schedule_says_it_will_not_train(
+    tmp_path: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from attnkit.training import trainer
+
+    monkeypatch.setattr(trainer, "time", StepClock())
+    changes = {"train.schedule": "budget-cosine", "train.time_budget": "0.9", "train.max_steps": "1000"}
+    train(tiny_run(corpus, **changes), tmp_path / "r", progress_bar=False)
+    done = latest_checkpoint(tmp_path / "r")
+    with caplog.at_level(logging.WARNING, logger="attnkit.training.trainer"):
+        progress, _ = train(tiny_run(corpus, **{**changes, "train.time_budget": "60"}), tmp_path / "r", resume=True,
+                            progress_bar=False)  # fmt: skip
+    assert progress.step == checkpoint_step(done)
+    assert "decay ended at step" in caplog.text and "start a new run with a longer train.time_budget" in caplog.text
