@@ -1,0 +1,28 @@
+"""The run presets: each validates, builds and survives the JSON round trip of run.json, and
+the demo's is the recipe docs/translation.md arrived at."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attnkit.config import RUN_PRESETS, run_from_dict, run_preset
+from attnkit.models import build_model
+
+
+@pytest.mark.parametrize("name", sorted(RUN_PRESETS))
+def test_run_presets_validate_build_and_round_trip(name: str) -> None:
+    run = run_preset(name)
+    model = build_model(run.model.replace(vocab_size=500))  # the tokenizer sets the vocabulary at run time
+    assert sum(p.numel() for p in model.parameters()) > 0
+    assert run_from_dict(json.loads(json.dumps(run.to_dict()))) == run
+
+
+def test_the_demo_preset_is_the_recipe_of_the_study() -> None:
+    run = run_preset("translate-en-fr")
+    train, model = run.train, run.model
+    assert train.time_budget == 600.0 and train.schedule == "noam" and train.warmup == 100
+    assert train.lr * model.d_model**-0.5 * train.warmup**-0.5 == pytest.approx(2e-3)  # the peak
+    assert model.norm_first and model.dropout == 0.0 and train.label_smoothing == 0.0
+    assert train.precision == "auto" and train.device == "auto"  # bf16 where native; a GPU when there is one
