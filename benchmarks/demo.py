@@ -32,4 +32,6 @@ def run(budget: float | None = None) -> dict[str, float]:
         "bleu_beam4": report.beam.bleu,
         "chrf_greedy": report.greedy.chrf,
         "chrf_beam4": report.beam.chrf,
+        "bleu_tuned": report.tuned.bleu,
+        "chrf_tuned": report.tuned.chrf,
     }

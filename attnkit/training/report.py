@@ -97,8 +97,8 @@ def plot_training_curve(run_dir: Path, path: Path) -> Path:
     steps = [r for r in map(json.loads, lines) if r["split"] == "train"]
     seconds = [r["seconds"] for r in steps]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(seconds, [r["loss"] for r in steps], label="training loss (label-smoothed)", color="tab:blue")
-    if any("nll_rate" in r for r in steps):
+    ax.plot(seconds, [r["loss"] for r in steps], label="training loss", color="tab:blue")
+    if any(r.get("nll_rate", r["loss"]) != r["loss"] for r in steps):  # label smoothing: the loss is not the NLL
         ax.plot(seconds, [r.get("nll_rate") for r in steps], label="training NLL", color="tab:cyan", alpha=0.8)
     ax.set_xlabel("seconds of training")
     ax.set_ylabel("loss per target token")
@@ -108,7 +108,7 @@ def plot_training_curve(run_dir: Path, path: Path) -> Path:
     rate.set_ylabel("learning rate")
     handles = ax.get_legend_handles_labels()[0] + rate.get_legend_handles_labels()[0]
     ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper right")
-    ax.set_title(f"{run_dir.name}: {steps[-1]['step'] if steps else 0} steps")
+    ax.set_title(f"{run_dir.name}: training curve")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -217,3 +217,15 @@ def test_resuming_a_finished_budget_schedule_says_it_will_not_train(
                             progress_bar=False)  # fmt: skip
     assert progress.step == checkpoint_step(done)
     assert "decay ended at step" in caplog.text and "start a new run with a longer train.time_budget" in caplog.text
+
+
+def test_padding_fraction_counts_every_attention_mask() -> None:
+    from attnkit.training.trainer import padding_fraction
+
+    batch = {
+        "input_ids": torch.zeros(2, 3, dtype=torch.long),
+        "attention_mask": torch.tensor([[1, 1, 0], [1, 1, 1]]),  # 1 of 6 padded
+        "decoder_attention_mask": torch.tensor([[1, 0], [1, 1]]),  # 1 of 4
+    }
+    assert padding_fraction([batch, {"attention_mask": torch.ones(1, 5)}]) == pytest.approx(2 / 15)
+    assert padding_fraction([{"labels": torch.zeros(2, 2)}]) == 0.0
