@@ -128,7 +128,9 @@ def _trainspeed(out: Path | None, baseline: str, small: bool, repeats: int) -> s
         f"### Training throughput at the demo's shape: this tree vs {baseline} (median of "
         f"{len(result['target_tokens_per_s']['this'])} runs each, in turn)", "",
         "| tree | target tokens/s | MFU (bf16 peak) | padding |", "|---|---|---|---|",
-        *(f"| {side} | {rates[side]:,.0f} | {mfu[side]:.0%} | {result['padding'][side]:.1%} |" for side in rates),
+        *(f"| {side} | {rates[side]:,.0f} | {mfu[side]:.0%} | "
+          + ("not logged" if result["padding"][side] is None else f"{result['padding'][side]:.1%}") + " |"
+          for side in rates),
         "", f"ratio: **{result['ratio']:.2f}×**",
     ])  # fmt: skip
 

@@ -64,14 +64,6 @@ SCREENS: dict[str, dict[str, dict[str, str]]] = {
     "shape": {
         "4+2 layers": {**_BEST, "model.n_layers": "4", "model.n_decoder_layers": "2"},
         "5+1 layers": {**_BEST, "model.n_layers": "5", "model.n_decoder_layers": "1"},
-        "d_model 384 (6 heads, d_ff 1536)": {
-            **_BEST,
-            "model.d_model": "384",
-            "model.n_heads": "6",
-            "model.d_ff": "1536",
-            "train.lr": "0.39",
-        },  # Noam x0.39: the same 2e-3 peak at d_model 384
-        "embeddings without the √d_model scale": {**_BEST, "model.scale_embeddings": "false"},
     },
     "engine": {
         "torch.compile (its compile time inside the budget)": {**_BEST, "train.compile": "true"},

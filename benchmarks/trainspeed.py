@@ -66,7 +66,8 @@ def _train(tree: Path, steps: int, out: Path, changes: dict[str, str]) -> dict[s
     steady = [r for r in records if r["split"] == "train" and r["step"] > WARM]
     tokens = sum(r["tokens_per_s"] * (r["seconds"] - p["seconds"]) for p, r in itertools.pairwise(steady))
     seconds = steady[-1]["seconds"] - steady[0]["seconds"]
-    return {"target_tokens_per_s": tokens / seconds, "padding": statistics.fmean(r.get("padding", 0) for r in steady)}
+    padding = [r["padding"] for r in steady if "padding" in r]  # an older tree does not log it
+    return {"target_tokens_per_s": tokens / seconds, "padding": statistics.fmean(padding) if padding else None}
 
 
 def run(baseline: str, steps: int = 80, repeats: int = 3, small: bool = False) -> dict[str, Any]:
