@@ -45,6 +45,10 @@ class TokenBatches:
 
     An example whose length alone exceeds ``batch_tokens`` is not dropped or cut: it gets a
     batch of its own (truncate upstream if that batch would not fit in memory).
+
+    A short-example curriculum: with ``short_max`` set, each of the first ``short_epochs``
+    epochs holds only the examples of length ``<= short_max`` (each of them once), batched
+    and shuffled as above; later epochs hold every example.
     """
 
     def __init__(
@@ -54,6 +58,8 @@ class TokenBatches:
         seed: int,
         shuffle: bool = True,
         bucket_width: int = 8,
+        short_max: int | None = None,
+        short_epochs: int = 0,
     ) -> None:
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if self.lengths.ndim != 1 or self.lengths.size == 0:
@@ -70,8 +76,17 @@ class TokenBatches:
             raise ValueError(f"seed={seed} must be >= 0")
         if bucket_width < 1:
             raise ValueError(f"bucket_width={bucket_width} must be >= 1 (1 = sort by exact length)")
+        if short_epochs < 0:
+            raise ValueError(f"short_epochs={short_epochs} must be >= 0 (0 = no curriculum)")
+        if short_max is not None and short_epochs and self.lengths.min() > short_max:
+            raise ValueError(
+                f"short_max={short_max} leaves no example for the curriculum (the shortest has length "
+                f"{self.lengths.min()}); raise it, or set it to null for none"
+            )
         self.batch_tokens = batch_tokens
         self.seed = seed
+        self.short_max = short_max if short_epochs else None
+        self.short_epochs = short_epochs if short_max is not None else 0
         self.shuffle = shuffle
         self.bucket_width = bucket_width
 
@@ -82,6 +97,8 @@ class TokenBatches:
         rng = np.random.default_rng([self.seed, epoch])
         n = len(self.lengths)
         order = rng.permutation(n) if self.shuffle else np.arange(n)
+        if epoch < self.short_epochs:
+            order = order[self.lengths[order] <= self.short_max]
         order = order[np.argsort(self.lengths[order] // self.bucket_width, kind="stable")]  # by bucket, ties as drawn
         batches = pack(order, self.lengths, self.batch_tokens)
         if self.shuffle:
@@ -194,10 +211,11 @@ def padded_epoch(unsharded: TokenBatches, epoch: int, multiple: int, what: str) 
     until their number is a multiple of ``multiple``; ``what`` says what for, in the error."""
     batches = unsharded.epoch_batches(epoch)
     lengths = unsharded.lengths
+    n_examples = sum(map(len, batches))
     needed = -len(batches) % multiple
-    if needed > len(lengths) - len(batches):  # each halving needs a batch of two or more examples
+    if needed > n_examples - len(batches):  # each halving needs a batch of two or more examples
         raise ValueError(
-            f"epoch {epoch} packs {len(batches)} batches from {len(lengths)} examples, too few to give {what}; "
+            f"epoch {epoch} packs {len(batches)} batches from {n_examples} examples, too few to give {what}; "
             "raise batch_tokens (most batches hold a single example) or use fewer ranks"
         )
     for _ in range(needed):

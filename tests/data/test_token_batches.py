@@ -152,6 +152,39 @@ def test_bad_arguments_are_refused() -> None:
         TokenBatches([3, 4], 10, seed=0).shard(0, 3)
 
 
+def test_a_curriculum_epoch_holds_each_short_example_once_within_budget() -> None:
+    batches = TokenBatches(LENGTHS, BUDGET, seed=1, short_max=40, short_epochs=2)
+    short = [i for i, n in enumerate(LENGTHS) if n <= 40]
+    for epoch in range(2):
+        epoch_batches = batches.epoch_batches(epoch)
+        assert sorted(i for b in epoch_batches for i in b) == short
+        assert all(padded_size(b, LENGTHS) <= BUDGET for b in epoch_batches)
+    assert batches.epoch_batches(0) != batches.epoch_batches(1)  # shuffled anew each epoch
+    assert_every_example_once(batches.epoch_batches(2), len(LENGTHS))  # then the whole data
+    assert batches.epoch_batches(2) == TokenBatches(LENGTHS, BUDGET, seed=1).epoch_batches(2)
+
+
+def test_a_curriculum_resumes_mid_epoch_and_shards_over_ranks() -> None:
+    batches = TokenBatches(LENGTHS, BUDGET, seed=3, short_max=60, short_epochs=1)
+    n_short = len(batches.epoch_batches(0))
+    whole = list(itertools.islice(iter(batches), n_short + 20))
+    resumed = iter(batches)
+    list(itertools.islice(resumed, n_short - 5))
+    again = iter(batches)
+    again.load_state_dict(resumed.state_dict())
+    assert list(itertools.islice(again, 25)) == whole[n_short - 5 :]
+    shards = [batches.shard(r, 2).epoch_batches(0) for r in range(2)]
+    assert sorted(i for s in shards for b in s for i in b) == [i for i, n in enumerate(LENGTHS) if n <= 60]
+    assert len(shards[0]) == len(shards[1])
+
+
+def test_a_curriculum_that_leaves_no_example_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"short_max=2 leaves no example .* shortest has length 3\); raise it"):
+        TokenBatches([3, 4], 10, seed=0, short_max=2, short_epochs=1)
+    with pytest.raises(ValueError, match="short_epochs=-1 must be >= 0"):
+        TokenBatches([3, 4], 10, seed=0, short_max=3, short_epochs=-1)
+
+
 def test_split_train_valid_is_deterministic_disjoint_and_complete() -> None:
     train, valid = split_train_valid(1000, 0.05, seed=3)
     assert (train, valid) == split_train_valid(1000, 0.05, seed=3)
