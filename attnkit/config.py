@@ -409,9 +409,23 @@ class DataConfig:
     vocab_size: int = 8000  # when training the tokenizer
     max_tokens: int = 128  # longer examples are truncated
     valid_fraction: float = 0.02  # held out for evaluation
+    # A short-example curriculum: the first curriculum_epochs epochs train only on the examples
+    # of at most curriculum_max_tokens padded positions (specials included); None = none.
+    curriculum_max_tokens: int | None = None
+    curriculum_epochs: int = 1
 
     def __post_init__(self) -> None:
         _check_types(self)
+        if self.curriculum_max_tokens is not None and self.curriculum_max_tokens < 2:
+            raise ValueError(
+                f"data.curriculum_max_tokens must be >= 2 (a token and its special) or null, got "
+                f"{self.curriculum_max_tokens}"
+            )
+        if self.curriculum_epochs < 1:
+            raise ValueError(
+                f"data.curriculum_epochs must be >= 1, got {self.curriculum_epochs} (no curriculum: "
+                "curriculum_max_tokens=null)"
+            )
         if self.vocab_size < 300 or self.max_tokens < 4:
             raise ValueError(
                 f"data.vocab_size must be >= 300 (bytes + specials) and data.max_tokens >= 4, got "
@@ -598,7 +612,7 @@ def load_run_config(path: str | Path) -> RunConfig:
         try:
             import yaml
         except ImportError:
-            raise ValueError("reading YAML needs PyYAML: pip install 'attnkit[yaml]'") from None
+            raise ModuleNotFoundError("reading YAML needs PyYAML: pip install 'attnkit[yaml]'", name="yaml") from None
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:

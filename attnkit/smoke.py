@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from attnkit.config import preset
 from attnkit.models.core import EncoderDecoderModel
 from attnkit.models.transformer import build_transformer
+from attnkit.training.progress import ProgressReport
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,8 @@ def run_smoke(steps: int = 800, batch: int = 64, seed: int = 0, progress: bool =
     opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
     losses = []
-    for _ in tqdm(range(steps), desc="smoke: training", disable=not progress):
+    report = ProgressReport(steps, "smoke: training", enabled=progress)
+    for step in range(1, steps + 1):
         src, tgt = reversal_batch(batch, gen)
         out = model(src, src != PAD, decoder_input_ids=tgt[:, :-1])  # teacher forcing, shifted right
         logits = out.logits
@@ -82,6 +83,9 @@ def run_smoke(steps: int = 800, batch: int = 64, seed: int = 0, progress: bool =
         opt.step()
         sched.step()
         losses.append(loss.item())
+        report.set_fields(loss=f"{losses[-1]:.3f}")
+        report.update(step)
+    report.close()
     model.eval()
     with torch.no_grad():
         src, tgt = reversal_batch(200, torch.Generator().manual_seed(seed + 1))

@@ -7,7 +7,8 @@ fused paths as n grows to 16k), ``gpu`` (the bf16 suite on one accelerator: benc
 ``translation`` (BLEU at equal wall time vs a MarianMT of the same size), ``demo`` (make demo's
 job end to end: time and BLEU), ``trainspeed`` (training throughput at the demo's shape against an
 earlier commit, side by side), ``recipe`` (variants of a run preset over seeds and budgets, each
-in a fresh process: ``python -m benchmarks recipe --help``).
+in a fresh process: ``python -m benchmarks recipe --help``), ``startup`` (the command line's
+start-up: ``--help`` and one ``translate`` against ``import torch`` + the model load).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from benchmarks import (
     generation,
     gpu,
     recipe,
+    startup,
     training,
     trainspeed,
     translation,
@@ -154,7 +156,7 @@ def main() -> None:
     if sys.argv[1:2] == ["recipe"]:  # its own options: variants, seeds, budgets
         sys.exit(recipe.main(sys.argv[2:]))
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    others = ["peak", "attention", "latency", "translation", "gpu", "demo", "recipe", "trainspeed"]
+    others = ["peak", "attention", "latency", "translation", "gpu", "demo", "recipe", "trainspeed", "startup"]
     parser.add_argument("suite", choices=[*sorted(SUITES), *others])
     parser.add_argument("--small", action="store_true", help="tiny shapes (a quick check that it runs)")
     parser.add_argument("--repeats", type=int, default=5)
@@ -166,6 +168,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.suite == "demo":
         print(_demo(args.out, args.budget))
+        return
+    if args.suite == "startup":
+        results = startup.run(repeats=args.repeats)
+        _write(args.out, {"startup": results})
+        print(startup.table(results))
         return
     if args.suite == "trainspeed":
         print(_trainspeed(args.out, args.baseline, args.small, args.repeats))

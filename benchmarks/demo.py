@@ -10,8 +10,9 @@ import time
 
 from attnkit import from_pretrained
 from attnkit.config import apply_overrides, run_preset
+from attnkit.data.prepare import read_texts
 from attnkit.training.report import translation_report
-from attnkit.training.run import read_texts, train
+from attnkit.training.run import train
 
 
 def run(budget: float | None = None) -> dict[str, float]:

@@ -21,13 +21,14 @@ import torch
 
 from attnkit.config import run_preset
 from attnkit.data.batching import TokenBatches
+from attnkit.data.prepare import cost, load_data
 from attnkit.data.tokenizer import decode
 from attnkit.models import build_model
 from attnkit.objectives.base import label_smoothed_nll
 from attnkit.objectives.translation import Translation
 from attnkit.training.distributed import native_bf16
 from attnkit.training.evaluate import translate_ids
-from attnkit.training.run import cost, load_data, model_config_for
+from attnkit.training.run import model_config_for
 from attnkit.training.schedule import budget_horizon, horizon_probe, learning_rate
 
 SENTENCES = 200

@@ -19,14 +19,11 @@ import torch
 
 from attnkit.chapter.report import Context, Section, pyplot, save, table
 from attnkit.config import RUN_PRESETS, RunConfig, apply_overrides, preset, run_preset
-from attnkit.data.batching import StepBatches, TokenBatches
 from attnkit.data.corpora import BIBLES
+from attnkit.data.prepare import Data, load_data
 from attnkit.models import build_model
-from attnkit.models.core import Model
-from attnkit.training.distributed import World, pick_device
-from attnkit.training.evaluate import evaluate
-from attnkit.training.run import Data, cost, load_data, make_objective, model_config_for
-from attnkit.training.trainer import METRICS, NonFiniteLossError, Trainer
+from attnkit.training.run import model_config_for, train
+from attnkit.training.trainer import METRICS, NonFiniteLossError
 
 # The chapter's labels this experiment shows (docs/chapter.md's figure column reads them).
 LABELS = ("tab:att-families", "sec:att-families")
@@ -56,34 +53,29 @@ class Trained:
     """One run of :func:`train_steps`."""
 
     run: RunConfig  # as trained: the vocabulary's size and special ids filled in
-    model: Model
+    parameters: int
     losses: list[float]  # the training loss of every step, up to the last finite one
     diverged: bool  # the loss became NaN or infinite, and the trainer stopped there
     final: dict[str, float]  # the held-out evaluation at the end; empty when diverged
 
 
 def train_steps(run: RunConfig, data: Data, run_dir: Path) -> Trained:
-    """Train ``run`` for ``train.max_steps`` steps with attnkit's :class:`Trainer` on ``data``,
-    read and tokenized once for several runs (:func:`attnkit.training.run.train` reads the
-    corpus for each), logging every step's loss into ``run_dir``; then evaluate on
-    ``data.valid``. A loss that becomes non-finite ends the run as diverged."""
-    train = dataclasses.replace(run.train, log_every=1, eval_every=0, checkpoint_every=run.train.max_steps)
-    run = model_config_for(dataclasses.replace(run, train=train), data)
-    world = World(pick_device(run.train.device))
-    torch.manual_seed(run.train.seed)  # the initial weights
-    model = build_model(run.model).to(world.device)
-    objective = make_objective(run, data.specials)
-    batches = TokenBatches([cost(e) for e in data.train], run.train.batch_tokens, run.train.seed)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(run, run_dir, model, objective, data.train, iter(StepBatches(batches, 0, 1)), world)
+    """Train ``run`` for ``train.max_steps`` steps (:func:`attnkit.training.run.train`) on
+    ``data``, read and tokenized once for several runs, logging every step's loss into
+    ``run_dir``. A loss that becomes non-finite ends the run as diverged."""
+    changes = dict(log_every=1, eval_every=0, checkpoint_every=run.train.max_steps, time_budget=None)
+    run = dataclasses.replace(run, train=dataclasses.replace(run.train, **changes))
     try:
-        trainer.fit(progress_bar=False)
+        _, final = train(run, run_dir, force=True, progress_bar=False, data=data)
         diverged = False
     except NonFiniteLossError:
-        diverged = True
-    losses = [json.loads(line)["loss"] for line in (run_dir / METRICS).read_text(encoding="utf-8").splitlines()]
-    final = {} if diverged else evaluate(model, objective, data.valid, run)
-    return Trained(run, model, losses, diverged, final)
+        final, diverged = {}, True
+    records = [json.loads(line) for line in (run_dir / METRICS).read_text(encoding="utf-8").splitlines()]
+    losses = [r["loss"] for r in records if r["split"] == "train"]
+    run = model_config_for(run, data)
+    with torch.device("meta"):
+        parameters = build_model(run.model).num_parameters()
+    return Trained(run, parameters, losses, diverged, final)
 
 
 def family_run(name: str, quick: bool, seed: int) -> RunConfig:
@@ -136,7 +128,7 @@ def run(ctx: Context) -> Section:
             "architecture": FAMILIES[name][1],
             "objective": objective,
             "model": RUN_PRESETS[FAMILIES[name][0]][0],
-            "parameters": result.model.num_parameters(),
+            "parameters": result.parameters,
             "steps": len(result.losses),
             "first_loss": result.losses[0],
             "final_loss": sum(result.losses[-LAST:]) / len(result.losses[-LAST:]),

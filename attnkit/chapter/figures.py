@@ -13,13 +13,10 @@ from pathlib import Path
 
 import torch
 
+from attnkit.chapter import EXPERIMENTS
 from attnkit.chapter.report import Context, Section
 from attnkit.machine import machine
 
-# In the chapter's order; each names a module of attnkit.chapter with run(ctx) -> Section.
-EXPERIMENTS: tuple[str, ...] = (
-    "flow", "variance", "positions", "masking", "heads", "complexity", "prenorm", "families",
-)  # fmt: skip
 REPORT, NUMBERS = "REPORT.md", "report.json"
 
 

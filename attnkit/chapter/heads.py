@@ -23,11 +23,12 @@ from torch import Tensor
 from attnkit.chapter.alignment import cross_attention, pieces, plot_alignment
 from attnkit.chapter.report import Context, Section, pyplot, save, table
 from attnkit.config import RUN_PRESETS, RunConfig, apply_overrides, load_run_config, run_preset
+from attnkit.data.prepare import encode, read_texts
 from attnkit.data.tokenizer import specials_of
+from attnkit.loading import from_pretrained
 from attnkit.models.core import EncoderDecoderModel
-from attnkit.models.io import from_pretrained
 from attnkit.training.checkpoint import checkpoint_step, latest_checkpoint
-from attnkit.training.run import RUN_CONFIG, encode, make_objective, read_texts, train
+from attnkit.training.run import RUN_CONFIG, make_objective, train
 
 # The chapter's labels this experiment shows (docs/chapter.md's figure column reads them).
 LABELS = ("eq:att-head", "eq:att-multihead", "eq:att-alpha", "fig:att-transformer", "alg:att-decode")

@@ -22,7 +22,7 @@ from attnkit.chapter.families import Trained, train_steps
 from attnkit.chapter.report import Context, Section, pyplot, save, table
 from attnkit.config import RUN_PRESETS, RunConfig, apply_overrides, preset, run_preset
 from attnkit.data.corpora import BIBLES
-from attnkit.training.run import Data, load_data
+from attnkit.data.prepare import Data, load_data
 
 # The chapter's labels this experiment shows (docs/chapter.md's figure column reads them).
 LABELS = ("eq:att-addnorm", "eq:att-layernorm", "eq:att-ffn")

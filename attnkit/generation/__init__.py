@@ -69,14 +69,16 @@ def _validate(
         raise ValueError("source_length_offset bounds a translation by its source; it needs an encoder-decoder")
     if source_length_offset is not None and source_length_offset < 0:
         raise ValueError(f"source_length_offset must be >= 0, got {source_length_offset}")
-    if cfg.positional == "learned":
-        # The decoder's context: a decoder-only model sees prompt + continuation.
-        needed = (0 if cfg.is_encoder_decoder else input_ids.shape[1]) + max_new_tokens
-        if needed > cfg.max_len:
-            raise ValueError(
-                f"prompt of length {input_ids.shape[1]} plus max_new_tokens={max_new_tokens} exceeds the "
-                f"model's context of {cfg.max_len} positions; shorten the prompt or lower max_new_tokens"
-            )
+    # The decoder's context (a decoder-only model sees prompt + continuation) bounds the request
+    # before anything is allocated for it.
+    needed = (0 if cfg.is_encoder_decoder else input_ids.shape[1]) + max_new_tokens
+    if needed > cfg.max_len:
+        prompt = "" if cfg.is_encoder_decoder else f"prompt of length {input_ids.shape[1]} plus "
+        room = max(cfg.max_len - needed + max_new_tokens, 0)
+        raise ValueError(
+            f"{prompt}max_new_tokens={max_new_tokens} exceeds the model's context of {cfg.max_len} positions; "
+            f"shorten the prompt or lower max_new_tokens (the context leaves room for {room})"
+        )
     for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
         if value is not None and not (isinstance(value, int) and 0 <= value < cfg.vocab_size):
             raise ValueError(f"{name} must be a token id in [0, {cfg.vocab_size}), got {value!r}")

@@ -21,7 +21,9 @@ class IncrementalModel:
         self.model = model
         self.encoder_decoder = model.config.is_encoder_decoder
         prompt = 1 if self.encoder_decoder else input_ids.shape[1]
-        self.cache = model.decoder.new_cache(capacity=prompt + max_new_tokens)  # no regrowth while decoding
+        # Room for up to 256 new tokens at once (no regrowth while decoding the usual requests);
+        # a longer one grows the cache by doubling, as far as it really decodes.
+        self.cache = model.decoder.new_cache(capacity=prompt + min(max_new_tokens, 256))
         if self.encoder_decoder:
             memory, memory_mask = model.encode(input_ids, attention_mask)
             self.memory = memory.repeat_interleave(copies, dim=0)  # (B, S, d) -> (B·copies, S, d)

@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor
 
 from attnkit.config import ModelConfig, preset
 from attnkit.models.bert import build_bert
 from attnkit.models.core import DecoderOnlyModel, EncoderDecoderModel, EncoderOnlyModel, Model, ModelOutput
 from attnkit.models.gpt import build_gpt
+from attnkit.models.io import (
+    CONFIG,
+    WEIGHTS,
+    attach_tokenizer,
+    check_weights,
+    copy_weights,
+    read_json,
+    read_safetensors,
+    refuse_pickles,
+    saved_config,
+)
 from attnkit.models.t5 import build_t5
 from attnkit.models.transformer import build_transformer
 
@@ -25,6 +40,28 @@ def build_model(config: ModelConfig | str) -> Model:
     return BUILDERS[cfg.family](cfg)
 
 
+def build_loaded(config: ModelConfig, tensors: dict[str, Tensor], source: str) -> Model:
+    """The model of ``config`` holding ``tensors``. They are checked against a build on the
+    meta device first, which allocates nothing: a config.json that disagrees with the file,
+    however large the model it describes, fails before any memory is taken."""
+    with torch.device("meta"):
+        check_weights(build_model(config), tensors, source)
+    model = build_model(config)
+    copy_weights(model, tensors)
+    return model
+
+
+def load_saved(directory: str | Path) -> Model:
+    """The model (with its tokenizer, where there is one) of attnkit's own directory, as
+    :meth:`Model.save_pretrained` and the training checkpoints write it."""
+    directory = Path(directory)
+    refuse_pickles(directory)
+    config = saved_config(directory, read_json(directory / CONFIG))
+    model = build_loaded(config, read_safetensors(directory), str(directory / WEIGHTS))
+    attach_tokenizer(model, directory)
+    return model.eval()
+
+
 __all__ = [
     "BUILDERS",
     "DecoderOnlyModel",
@@ -34,7 +71,9 @@ __all__ = [
     "ModelOutput",
     "build_bert",
     "build_gpt",
+    "build_loaded",
     "build_model",
     "build_t5",
     "build_transformer",
+    "load_saved",
 ]

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
+from attnkit.models.io import save_pretrained
 from attnkit.nn import Decoder, DecoderCache, Encoder, padding_mask
 from attnkit.nn.layers import AttentionRecord
 
@@ -143,6 +144,15 @@ class Model(nn.Module):
         """Number of distinct parameters (tied weights counted once)."""
         return sum(p.numel() for p in self.parameters())
 
+    def head_weight(self) -> Tensor:
+        """The (vocab, d_model) matrix of the vocabulary projection: the head's own, or the
+        token embedding it is tied to."""
+        head: LMHead = self.head  # type: ignore[assignment]
+        if head.weight is not None:
+            return head.weight
+        embeddings = getattr(self, "decoder_embeddings", None) or self.embeddings  # type: ignore[attr-defined]
+        return embeddings.token.weight
+
     def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, **options: Any) -> Tensor:
         """Greedy, beam or sampled decoding with the KV cache: see :func:`attnkit.generation.generate`."""
         from attnkit.generation import generate
@@ -151,8 +161,6 @@ class Model(nn.Module):
 
     def save_pretrained(self, path: str | Path, overwrite: bool = False) -> None:
         """Write attnkit's own directory: ``config.json`` and ``model.safetensors``."""
-        from attnkit.models.io import save_pretrained
-
         save_pretrained(self, path, overwrite=overwrite)
 
 

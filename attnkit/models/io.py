@@ -1,5 +1,6 @@
-"""Model directories: attnkit's own (``config.json`` + ``model.safetensors``), and the entry
-point that also reads Hugging Face directories through :mod:`attnkit.interop`.
+"""Model directories on disk: attnkit's own (``config.json`` + ``model.safetensors``), read and
+written atomically, and the checks every weights file passes (:mod:`attnkit.loading` reads
+every kind of directory through these).
 
 Weights are read only from safetensors, never unpickled; a load either checks out whole
 (every key, shape, dtype, finite values) or raises and loads nothing.
@@ -205,23 +206,10 @@ def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str
     """Copy ``tensors`` into ``model``'s parameters after checking all of them
     (:func:`check_weights`); on any problem nothing is changed."""
     check_weights(model, tensors, source)
-    _copy_weights(model, tensors)
+    copy_weights(model, tensors)
 
 
-def build_loaded(config: ModelConfig, tensors: dict[str, Tensor], source: str) -> torch.nn.Module:
-    """The model of ``config`` holding ``tensors``. They are checked against a build on the
-    meta device first, which allocates nothing: a config.json that disagrees with the file,
-    however large the model it describes, fails before any memory is taken."""
-    from attnkit.models import build_model
-
-    with torch.device("meta"):
-        check_weights(build_model(config), tensors, source)
-    model = build_model(config)
-    _copy_weights(model, tensors)
-    return model
-
-
-def _copy_weights(model: torch.nn.Module, tensors: dict[str, Tensor]) -> None:
+def copy_weights(model: torch.nn.Module, tensors: dict[str, Tensor]) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(tensors[name])
@@ -280,8 +268,19 @@ def write_directory(path: str | Path, files: dict[str, bytes | dict[str, Tensor]
         raise
 
 
+def check_savable(model: torch.nn.Module) -> None:
+    """Only fp32 models are written: bf16 and int8 are inference formats made at load time."""
+    weights = getattr(model, "weights", "fp32")
+    if weights != "fp32":
+        raise ValueError(
+            f"this model holds {weights} inference weights; save the fp32 model (load it without weights=) and "
+            f"choose the format when loading: from_pretrained(path, weights={weights!r})"
+        )
+
+
 def save_pretrained(model: torch.nn.Module, path: str | Path, overwrite: bool = False) -> None:
     """attnkit's directory: config.json (format, version, model config) and model.safetensors."""
+    check_savable(model)
     config: ModelConfig = model.config
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": config.to_dict()}
     files: dict[str, bytes | dict[str, Tensor]] = {
@@ -294,21 +293,9 @@ def save_pretrained(model: torch.nn.Module, path: str | Path, overwrite: bool = 
     write_directory(path, files, overwrite)
 
 
-def from_pretrained(path: str | Path) -> torch.nn.Module:
-    """Load attnkit's own directory, a training run's directory (its latest complete
-    checkpoint, with the run's tokenizer), or a Hugging Face one (``gpt2``, ``bert``, ``t5``,
-    ``marian``). Weights come only from safetensors; nothing is unpickled."""
-    directory = Path(path)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"{directory} is not a directory; pass a directory written by save_pretrained")
-    if not (directory / CONFIG).exists() and (directory / "checkpoints").is_dir():
-        return _from_run(directory)
-    refuse_pickles(directory)
-    data = read_json(directory / CONFIG)
-    if data.get("format") != FORMAT:
-        from attnkit.interop.hf import load_hf
-
-        return load_hf(directory, data)
+def saved_config(directory: Path, data: dict[str, Any]) -> ModelConfig:
+    """The model config of attnkit's own directory, whose ``config.json`` holds ``data``:
+    its format version and fields checked."""
     if data.get("format_version") != FORMAT_VERSION:
         raise ValueError(
             f"{directory / CONFIG}: format_version {data.get('format_version')!r} is not one this attnkit "
@@ -323,20 +310,6 @@ def from_pretrained(path: str | Path) -> torch.nn.Module:
             f"{directory / CONFIG}: unknown fields {', '.join(unknown)}{hint}; the known ones are {fields}"
         )
     try:
-        config = from_dict(data.get("model"))
+        return from_dict(data.get("model"))
     except ValueError as err:
         raise ValueError(f"{directory / CONFIG}: {err}") from None
-    model = build_loaded(config, read_safetensors(directory), str(directory / WEIGHTS))
-    attach_tokenizer(model, directory)
-    return model.eval()
-
-
-def _from_run(run_dir: Path) -> torch.nn.Module:
-    from attnkit.training.checkpoint import latest_checkpoint
-
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
-        raise FileNotFoundError(f"{run_dir} is a run directory without a complete checkpoint yet; train it further")
-    model = from_pretrained(checkpoint)
-    attach_tokenizer(model, run_dir)
-    return model

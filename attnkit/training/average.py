@@ -7,8 +7,7 @@ from pathlib import Path
 
 import torch
 
-from attnkit.models.core import Model
-from attnkit.models.io import from_pretrained
+from attnkit.models import Model, load_saved
 from attnkit.training.checkpoint import complete_checkpoints
 
 
@@ -20,12 +19,12 @@ def average_checkpoints(run_dir: str | Path, last: int) -> tuple[Model, list[Pat
     used = complete_checkpoints(Path(run_dir))[-last:]
     if not used:
         raise FileNotFoundError(f"{run_dir} has no complete checkpoint to average")
-    model = from_pretrained(used[0])
+    model = load_saved(used[0])
     params = dict(model.named_parameters())
     with torch.no_grad():
         sums = {name: p.detach().double().clone() for name, p in params.items()}
         for path in used[1:]:
-            for name, p in from_pretrained(path).named_parameters():
+            for name, p in load_saved(path).named_parameters():
                 sums[name] += p.double()
         for name, p in params.items():
             p.copy_((sums[name] / len(used)).to(p.dtype))

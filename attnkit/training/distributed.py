@@ -18,6 +18,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from attnkit.machine import native_bf16
+
 T = TypeVar("T")
 
 
@@ -46,18 +48,6 @@ def pick_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"train.device={name!r} but no CUDA device is available; use 'cpu' or 'auto'")
     return device
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` computes bf16 natively (CUDA with bf16, or an x86 CPU with AVX512-BF16
-    or AMX), so that bf16 autocast speeds training up rather than emulating it."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    try:
-        flags = open("/proc/cpuinfo", encoding="utf-8").read()  # noqa: SIM115
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 
 from attnkit.config import RunConfig
 from attnkit.data.batching import TokenBatches
+from attnkit.data.prepare import cost
 from attnkit.data.tokenizer import decode
 from attnkit.models.core import Model
 from attnkit.objectives.base import IGNORE_INDEX, Objective
@@ -33,7 +34,6 @@ def evaluate(
     """Loss and perplexity over up to ``train.eval_batches`` held-out batches, plus the
     objective's rates (``correct_rate``: MLM accuracy, next-token accuracy); with ``bleu`` and
     a translation objective, BLEU of greedy and beam-4 decoding."""
-    from attnkit.training.run import cost
 
     was_training = model.training
     model.eval()

@@ -13,19 +13,15 @@ import json
 import logging
 import shutil
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-from tokenizers import Tokenizer
 
 from attnkit.config import RunConfig, run_from_dict
-from attnkit.data import corpora
-from attnkit.data.batching import StepBatches, TokenBatches, split_train_valid
-from attnkit.data.files import read_lines, read_pairs
+from attnkit.data.batching import StepBatches
+from attnkit.data.prepare import Data, load_data, train_batches
 from attnkit.data.specials import Specials
-from attnkit.data.tokenizer import encode_batch, load_tokenizer, specials_of, train_tokenizer
+from attnkit.data.tokenizer import load_tokenizer
 from attnkit.models import build_model
 from attnkit.models.io import load_weights
 from attnkit.objectives.base import Objective
@@ -50,73 +46,11 @@ RUN_CONFIG = "run.json"
 TOKENIZER = "tokenizer.json"
 
 
-@dataclass
-class Data:
-    tokenizer: Tokenizer
-    specials: Specials
-    train: list[Any]  # token-id examples: list[int], or (source, target) pairs for translation
-    valid: list[Any]
-    test: list[Any]  # empty for user files (their held-out part is valid)
-
-
-def cost(example: Any) -> int:
-    """Padded positions an example takes in a batch (specials included)."""
-    if isinstance(example, tuple):
-        return max(len(example[0]), len(example[1])) + 1
-    return len(example) + 2
-
-
-def read_texts(run: RunConfig) -> corpora.Split[Any]:
-    """The run's examples as text: lines, or (source, target) pairs for translation, split."""
-    data, translation = run.data, run.objective == "translation"
-    if data.corpus == "bible":
-        return corpora.bible_pairs(data.source, data.target) if translation else corpora.bible_text(data.bibles)
-    if data.corpus == "numbers":
-        if not translation:
-            raise ValueError("the numbers corpus holds translation pairs; train an encoder-decoder (translation) on it")
-        return corpora.numbers_pairs(data.numbers, data.source, data.target)
-    if not data.path:
-        raise ValueError("no training data: pass --data.path FILE (plain text, or source<TAB>target for translation)")
-    items: list[Any] = read_pairs(data.path) if translation else read_lines(data.path)
-    if len(items) < 2:
-        raise ValueError(f"{', '.join(data.path)}: fewer than 2 examples; a run needs more data")
-    train_idx, valid_idx = split_train_valid(len(items), data.valid_fraction, run.train.seed)
-    return corpora.Split([items[i] for i in train_idx], [items[i] for i in valid_idx], [])
-
-
-def encode(tokenizer: Tokenizer, examples: list[Any], max_tokens: int) -> list[Any]:
-    """Token ids of text examples, truncated to leave room for the specials the objective
-    adds; examples with an empty side are dropped."""
-    pairs = bool(examples) and isinstance(examples[0], tuple)
-    texts = [t for e in examples for t in e] if pairs else examples
-    ids = [row[: max_tokens - 2] for row in encode_batch(tokenizer, texts)]
-    encoded: list[Any] = list(zip(ids[0::2], ids[1::2], strict=True)) if pairs else ids
-    return [e for e in encoded if (all(e) if pairs else e)]
-
-
-def load_data(run: RunConfig, tokenizer: Tokenizer | None) -> Data:
-    """Read the corpus, train (or reuse) the tokenizer on the training split, encode."""
-    texts = read_texts(run)
-    if tokenizer is None and run.data.tokenizer:
-        tokenizer = load_tokenizer(run.data.tokenizer)
-    if tokenizer is None:  # one vocabulary for source and target, as the paper's shared BPE
-        lines = (
-            [t for e in texts.train for t in e] if texts.train and isinstance(texts.train[0], tuple) else texts.train
-        )
-        tokenizer = train_tokenizer(lines, run.data.vocab_size)
-    train, valid, test = (
-        encode(tokenizer, part, run.data.max_tokens) for part in (texts.train, texts.valid, texts.test)
-    )
-    if len(train) < 1 or len(valid) < 1:
-        raise ValueError(
-            "the corpus gave no usable training or validation example; check data.path and data.max_tokens"
-        )
-    return Data(tokenizer, specials_of(tokenizer), train, valid, test)
-
-
-def _start(run: RunConfig, run_dir: Path) -> Data:
-    """A new run's data, with its config and tokenizer written into ``run_dir``."""
-    data = load_data(run, None)
+def _start(run: RunConfig, run_dir: Path, prepared: Data | None) -> Data:
+    """A new run's data (``prepared``, or read now), with its config and tokenizer written into
+    ``run_dir`` once they are known to make batches."""
+    data = prepared or load_data(run, None)
+    train_batches(run, data)
     run = model_config_for(run, data)
     (run_dir / RUN_CONFIG).write_text(json.dumps(run.to_dict(), indent=2) + "\n", encoding="utf-8")
     data.tokenizer.save(str(run_dir / TOKENIZER))
@@ -207,6 +141,8 @@ def train(
     progress_bar: bool = True,
     session_steps: int | None = None,
     stop: threading.Event | None = None,
+    progress_every: float = 30.0,
+    data: Data | None = None,
 ) -> tuple[Progress, dict[str, float]]:
     """Train ``run`` into ``run_dir``; returns where it ended and the final evaluation.
 
@@ -214,7 +150,10 @@ def train(
     when there is none); ``session_steps`` stops this call after that many steps, with a
     checkpoint, so that a later ``resume`` picks up exactly there. Setting ``stop`` (from a
     signal handler, or another thread) ends training after the current step with a checkpoint:
-    :class:`~attnkit.training.trainer.TrainingStoppedError` is raised."""
+    :class:`~attnkit.training.trainer.TrainingStoppedError` is raised. ``data``, a corpus
+    prepared once for several runs (:func:`attnkit.data.prepare.load_data`), is trained on
+    instead of reading the run's corpus and training its tokenizer."""
+    prepared = data
     run_dir = Path(run_dir)
     world = distributed.init_world(run.train.device)
     try:
@@ -226,9 +165,9 @@ def train(
             log.warning("no complete checkpoint in %s: starting from the beginning", run_dir)
         data = None
         if checkpoint is None:
-            data = distributed.on_main(world, lambda: _start(run, run_dir))
-        if checkpoint is not None or data is None:
-            data = load_data(run, load_tokenizer(run_dir / TOKENIZER))
+            data = distributed.on_main(world, lambda: _start(run, run_dir, prepared))
+        if data is None:
+            data = prepared or load_data(run, load_tokenizer(run_dir / TOKENIZER))
         run = model_config_for(run, data)
         if checkpoint is not None:  # a resumed run keeps its config, but for when to stop and report
             saved = run_from_dict(json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8")))
@@ -240,7 +179,7 @@ def train(
             weights, optimizer_state, state = load_checkpoint(checkpoint)
             load_weights(model, weights, str(checkpoint))
         objective = make_objective(run, data.specials)
-        batches = TokenBatches([cost(e) for e in data.train], run.train.batch_tokens, run.train.seed)
+        batches = train_batches(run, data)
         iterator = iter(StepBatches(batches, world.rank, world.size, run.train.batches_per_step))
         trainer = Trainer(
             run, run_dir, model, objective, data.train, iterator, world,
@@ -257,7 +196,7 @@ def train(
                 )  # fmt: skip
             iterator.load_state_dict(trainer.progress.data)
             log.info("resumed %s at step %d", run_dir, trainer.progress.step)
-        progress = trainer.fit(progress_bar, session_steps)
+        progress = trainer.fit(progress_bar, session_steps, progress_every)
         final = evaluate(model, objective, data.valid, run, data.tokenizer, bleu=True)
         if world.is_main:
             trainer.write_metrics({"split": "valid", "step": progress.step, "final": True, **final})

@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from attnkit.config import RunConfig
 from attnkit.data.batching import StepIterator
@@ -38,6 +37,7 @@ from attnkit.objectives.base import IGNORE_INDEX, LossOutput, Objective
 from attnkit.training import distributed
 from attnkit.training.checkpoint import checkpoint_dir, save_checkpoint
 from attnkit.training.distributed import World
+from attnkit.training.progress import ProgressReport
 from attnkit.training.schedule import budget_horizon, horizon_probe, learning_rate
 
 log = logging.getLogger(__name__)
@@ -305,20 +305,21 @@ class Trainer:
                 if isinstance(value, float | int) and key != "step":
                     self.tensorboard.add_scalar(f"{record['split']}/{key}", value, record["step"])
 
-    def fit(self, progress_bar: bool = True, session_steps: int | None = None) -> Progress:
+    def fit(
+        self, progress_bar: bool = True, session_steps: int | None = None, progress_every: float = 30.0
+    ) -> Progress:
         """Train until ``train.max_steps``, the time budget, or ``session_steps`` steps in this
-        call (then a checkpoint is written, and ``--resume`` continues exactly). Raises
+        call (then a checkpoint is written, and ``--resume`` continues exactly). The progress
+        is a bar on a terminal, else a line every ``progress_every`` seconds. Raises
         :class:`TrainingStoppedError`, after a checkpoint, when the ``stop`` event is set."""
         cfg = self.run.train
         stop_at = cfg.max_steps if session_steps is None else min(cfg.max_steps, self.progress.step + session_steps)
         # The bar follows the limit that binds: the time budget in seconds, else the steps.
         by_time = cfg.time_budget is not None
-        bar = tqdm(
-            total=cfg.time_budget if by_time else stop_at,
+        bar = ProgressReport(
+            total=cfg.time_budget if by_time else stop_at, desc="training", unit="s" if by_time else "step",
             initial=self.progress.seconds if by_time else self.progress.step,
-            desc="training", unit="s" if by_time else "step", disable=not (progress_bar and self.world.is_main),
-            dynamic_ncols=True,
-            bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]" if by_time else None,
+            enabled=progress_bar and self.world.is_main, every=progress_every,
         )  # fmt: skip
         session_start, trained_before = time.perf_counter(), self.progress.seconds
         tokens_since, clock = 0, time.perf_counter()
@@ -354,13 +355,13 @@ class Trainer:
                     seconds_at[self.progress.step] = self.progress.seconds
                     if self.progress.step == probe:
                         stop_at = min(stop_at, self._fix_horizon(seconds_at))
-                bar.update(min(self.progress.seconds, cfg.time_budget) - bar.n if by_time else 1)
+                bar.update(min(self.progress.seconds, cfg.time_budget) if by_time else self.progress.step)
                 step = self.progress.step
                 if step % cfg.log_every == 0 or step in (cfg.max_steps, self.progress.horizon):
                     now = time.perf_counter()
                     stats["tokens_per_s"] = tokens_since / max(now - clock, 1e-9)
                     tokens_since, clock = 0, now
-                    bar.set_postfix(
+                    bar.set_fields(
                         step=step,
                         loss=f"{stats['loss']:.3f}",
                         lr=f"{stats['lr']:.2e}",

@@ -46,7 +46,6 @@ from attnkit.training.checkpoint import (
 
 STEPS, EVERY = 60, 3  # a run's steps (ten kills a few steps apart must not reach the end); a checkpoint every EVERY
 TIMEOUT = 120  # seconds for any one wait; a whole run takes about 8 s on a busy core
-WORDS = ["the", "cat", "sat", "on", "mat", "and", "dog", "ran", "in", "park", "while", "birds", "sang"]
 OPTIONS = [
     "--preset", "gpt-tiny", "--data.vocab_size=400", "--train.batch_tokens=1024", "--train.warmup=5",
     "--train.lr=3e-3", "--train.log_every=1", "--train.eval_every=10", "--model.dropout=0.1",  # dropout: RNG matters
@@ -79,11 +78,8 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("data") / "corpus.txt"
-    path.write_text("\n".join(" ".join(rng.choices(WORDS, k=rng.randint(5, 15))) for _ in range(400)) + "\n")
-    return path
+def corpus(random_words: Callable[..., Path]) -> Path:
+    return random_words(400)
 
 
 class Session:

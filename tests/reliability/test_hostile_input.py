@@ -114,6 +114,23 @@ CLI_CASES = [
     Case("negative-skip-budget", train("--train.skip_nonfinite=-1"), ("train.skip_nonfinite must be >= 0, got -1",)),
     Case("unknown-device", train("--train.device=tpu"), ("train.device='tpu'", "use 'auto', 'cpu'")),
     Case("tiny-max-tokens", train("--data.max_tokens=2"), ("data.max_tokens >= 4", "got 8000 and 2")),
+    Case(
+        "curriculum-too-short",
+        train("--data.curriculum_max_tokens=1"),
+        ("data.curriculum_max_tokens must be >= 2", "or null, got 1"),
+    ),
+    Case("curriculum-no-epochs", train("--data.curriculum_epochs=0"), ("data.curriculum_epochs must be >= 1, got 0",)),
+    Case(
+        "curriculum-keeps-nothing",
+        train("--data.curriculum_max_tokens=2", "--data.vocab_size=300"),
+        ("data.curriculum_max_tokens=2 leaves no training example", "raise it, or set it to null"),
+    ),
+    Case(
+        "budget-schedule-without-budget",
+        train("--train.schedule=budget-linear"),
+        ("train.schedule=budget-linear", "train.time_budget is null", "--train.time_budget=SECONDS"),
+    ),
+    Case("progress-every-zero", train("--progress-every", "0"), ("--progress-every must be > 0 seconds, got 0.0",)),
     Case("session-steps-zero", train("--session-steps", "0"), ("--session-steps must be >= 1, got 0",)),
     Case(
         "preset-and-config",
@@ -175,6 +192,12 @@ CLI_CASES = [
     ),
     # -- token ids, prompts, positions
     Case("id-at-vocab-size", gen("--ids", "5 30"), ("token id 30", f"[0, {VOCAB})")),
+    Case(
+        "max-new-tokens-past-the-context",  # refused before the cache is sized from it
+        gen("--ids", "5", "--max-new-tokens", "100000000"),
+        ("max_new_tokens=100000000 exceeds the model's context", "lower max_new_tokens"),
+    ),
+    Case("unknown-weight-format", gen("--ids", "5", "--weights", "int4"), ("--weights", "'int4'"), usage=True),
     Case("negative-id", gen("--ids", "-4"), ("token id -4", f"[0, {VOCAB})")),
     Case("ids-not-integers", gen("--ids", "5 six"), ("'5 six'", "space-separated integer")),
     Case("ids-empty", gen("--ids", " "), ("--ids needs at least one token id",)),

@@ -31,6 +31,7 @@ from torch.testing import assert_close
 
 from attnkit.config import DataConfig, RunConfig, TrainConfig, preset
 from attnkit.data.batching import StepBatches, TokenBatches
+from attnkit.data.prepare import cost
 from attnkit.data.specials import Specials
 from attnkit.models import build_model
 from attnkit.models.core import Model
@@ -41,7 +42,6 @@ from attnkit.objectives.causal_lm import CausalLM
 from attnkit.training import distributed
 from attnkit.training.checkpoint import latest_checkpoint, load_checkpoint
 from attnkit.training.distributed import World
-from attnkit.training.run import cost
 from attnkit.training.trainer import METRICS, NonFiniteLossError, Trainer
 
 VOCAB = 64  # room for the 37 special tokens and some words
@@ -421,7 +421,7 @@ def refusal(s: dict, model: Model) -> str | None:
         return "top_k must be an integer >= 1"
     if s["top_p"] is not None and not 0 < s["top_p"] <= 1:
         return r"top_p must be in \(0, 1\]"
-    if cfg.positional == "learned" and s["prompt"] + s["max_new_tokens"] > cfg.max_len:
+    if (0 if cfg.is_encoder_decoder else s["prompt"]) + s["max_new_tokens"] > cfg.max_len:
         return "exceeds the model's context"
     return None
 

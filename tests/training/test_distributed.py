@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,17 +42,13 @@ CHECKPOINT_FILES = {MARKER, "config.json", "model.safetensors", "optimizer.safet
 LOSS_RTOL = 1e-5
 WEIGHT_TOL = {"rtol": 1e-4, "atol": 1e-5}
 TIMEOUT = 240  # seconds per launch; one takes about 10 s on two CPU cores
-WORDS = ["the", "cat", "sat", "on", "the", "mat", "and", "dog", "ran", "in", "park", "while", "birds", "sang"]
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def corpus(random_words: Callable[..., Path]) -> Path:
     """300 lines of random words (shared by this module's runs)."""
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("data") / "corpus.txt"
-    path.write_text("\n".join(" ".join(rng.choices(WORDS, k=rng.randint(5, 15))) for _ in range(300)) + "\n")
-    return path
+    return random_words(300)
 
 
 def options(corpus: Path, **changes: object) -> list[str]:

@@ -19,12 +19,13 @@ from typing import Any
 import torch
 
 from attnkit.interop.hf import bert, gpt2, marian, t5
+from attnkit.models import build_loaded
 from attnkit.models.io import (
     CONFIG,
     TOKENIZER,
     WEIGHTS,
     attach_tokenizer,
-    build_loaded,
+    check_savable,
     read_safetensors,
     write_directory,
 )
@@ -61,6 +62,7 @@ def load_hf(directory: Path, data: dict[str, Any]) -> torch.nn.Module:
 def export_hf(model: torch.nn.Module, path: str | Path, overwrite: bool = False) -> None:
     """Write ``model`` as a Hugging Face directory that ``transformers`` loads with its
     ``from_pretrained`` and that gives the same logits."""
+    check_savable(model)
     config = model.config
     converter = EXPORTS[config.family]
     hf_config = converter.config_to_hf(config)
@@ -73,24 +75,3 @@ def export_hf(model: torch.nn.Module, path: str | Path, overwrite: bool = False)
     if tokenizer is not None:
         files[TOKENIZER] = tokenizer.to_str().encode()
     write_directory(path, files, overwrite)
-
-
-def strip_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """Drop ``prefix`` from the keys that have it (task-head checkpoints nest the base model)."""
-    return {k.removeprefix(prefix): v for k, v in tensors.items()}
-
-
-def unsupported(data: dict[str, Any], defaults: dict[str, Any], model_type: str) -> None:
-    """Raise if ``data`` sets an option attnkit does not implement to a non-default value."""
-    for key, default in defaults.items():
-        if key in data and data[key] != default:
-            raise ValueError(f"{model_type} option {key}={data[key]!r} is not supported (only {default!r})")
-
-
-def token_id(data: dict[str, Any], key: str) -> int | None:
-    """A special token id of a Hugging Face config, or None where it is unset or outside the
-    vocabulary (small test configs keep GPT-2's 50256 with a vocabulary of 100)."""
-    value = data.get(key)
-    if isinstance(value, list):  # generation configs may list several end tokens
-        value = value[0] if value else None
-    return value if isinstance(value, int) and 0 <= value < data["vocab_size"] else None

@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 
 from attnkit.config import ModelConfig, preset
+from attnkit.interop.hf.common import token_id, unsupported
+from attnkit.models import build_model
 
 # Hugging Face activations with an attnkit equivalent (gelu_fast is the tanh form too).
 _ACTIVATIONS = {
@@ -38,7 +40,6 @@ _MLM = "BertForMaskedLM"
 
 
 def config_from_hf(data: dict[str, Any]) -> ModelConfig:
-    from attnkit.interop.hf import token_id, unsupported
 
     fixed = {"position_embedding_type": "absolute", "is_decoder": False, "add_cross_attention": False}
     unsupported(data, fixed, "bert")
@@ -166,8 +167,6 @@ def _renames(cfg: ModelConfig) -> dict[str, str]:
 
 def _expected_shapes(cfg: ModelConfig) -> dict[str, torch.Size]:
     """attnkit's parameter shapes for ``cfg``, from a model built on the meta device (no memory)."""
-    from attnkit.models import build_model
-
     with torch.device("meta"):
         return {k: p.shape for k, p in build_model(cfg).named_parameters()}
 

@@ -8,13 +8,13 @@ import torch
 from torch import Tensor
 
 from attnkit.config import ModelConfig, preset
+from attnkit.interop.hf.common import strip_prefix, token_id, unsupported
 
 # GPT-2 keeps these attention-mask buffers in some checkpoints; they carry no weights.
 _BUFFERS = (".attn.bias", ".attn.masked_bias")
 
 
 def config_from_hf(data: dict[str, Any]) -> ModelConfig:
-    from attnkit.interop.hf import token_id, unsupported
 
     unsupported(
         data,
@@ -104,7 +104,6 @@ def _is_conv1d(name: str) -> bool:
 
 
 def to_attnkit(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
-    from attnkit.interop.hf import strip_prefix
 
     src = {k: v for k, v in strip_prefix(tensors, "transformer.").items() if not k.endswith(_BUFFERS)}
     if cfg.tie_embeddings:

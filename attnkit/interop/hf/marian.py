@@ -24,6 +24,8 @@ import torch
 from torch import Tensor
 
 from attnkit.config import ModelConfig, preset
+from attnkit.interop.hf.common import strip_prefix, token_id, unsupported
+from attnkit.models import build_model
 from attnkit.nn.positional import sinusoidal_table
 
 # MarianConfig's defaults (transformers), for keys a config.json leaves out.
@@ -79,7 +81,6 @@ def _same(data: dict[str, Any], a: str, b: str) -> None:
 
 
 def config_from_hf(data: dict[str, Any]) -> ModelConfig:
-    from attnkit.interop.hf import token_id, unsupported
 
     unsupported(data, _FIXED, "marian")
     data = {**_HF_DEFAULTS, **data}
@@ -194,8 +195,6 @@ def _renames(cfg: ModelConfig) -> dict[str, str]:
 
 def _expected_shapes(cfg: ModelConfig) -> dict[str, torch.Size]:
     """attnkit's parameter shapes for ``cfg``, from a model built on the meta device (no memory)."""
-    from attnkit.models import build_model
-
     with torch.device("meta"):
         model = build_model(cfg)
     return {name: p.shape for name, p in model.named_parameters()}
@@ -220,7 +219,6 @@ def _check_positions(name: str, table: Tensor, cfg: ModelConfig) -> None:
 
 
 def to_attnkit(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
-    from attnkit.interop.hf import strip_prefix
 
     src = strip_prefix(tensors, "model.")  # MarianMTModel nests MarianModel's keys under "model."
     named = {k.removeprefix("model."): k for k in tensors}  # errors name the file's own keys

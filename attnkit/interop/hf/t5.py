@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from attnkit.config import ModelConfig, preset
+from attnkit.interop.hf.common import token_id, unsupported
 
 # feed_forward_proj is "[gated-]ACT" with ACT a transformers activation name.
 _ACTIVATIONS = {
@@ -70,7 +71,6 @@ def _scales_head(data: dict[str, Any]) -> bool:
 
 
 def config_from_hf(data: dict[str, Any]) -> ModelConfig:
-    from attnkit.interop.hf import token_id, unsupported
 
     unsupported(data, {"is_encoder_decoder": True, "is_decoder": False}, "t5")
     activation, gated = _feed_forward(data.get("feed_forward_proj", "relu"))

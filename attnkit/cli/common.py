@@ -1,0 +1,282 @@
+"""What the commands share: loading a model for a command, the decoding flags and their checks,
+reading inputs line by line, batching, and printing one line per input.
+
+Nothing here imports torch at module level: parsing and ``--help`` stay instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from attnkit.config import RunConfig, run_from_dict
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from attnkit.models import Model
+
+_T = TypeVar("_T")
+
+
+def add_weights_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--weights", choices=["fp32", "bf16", "int8"], default="fp32",
+        help="weight format for inference: fp32 as trained, bf16 (CPUs with native bf16), int8 rows (default fp32)",
+    )  # fmt: skip
+
+
+def load_for(directory: str, command: str, weights: str = "fp32") -> Model:
+    """The model of ``directory`` in ``weights`` format, refused with a pointer to the right
+    command when its family does not fit ``command``."""
+    import attnkit
+
+    model = attnkit.from_pretrained(directory, weights=weights)
+    cfg = model.config
+    if cfg.family == "bert":
+        raise ValueError(
+            f"{directory} holds a BERT encoder, which does not {command}; use attnkit fill-mask for [MASK] predictions"
+        )
+    if command == "generate" and cfg.is_encoder_decoder:
+        raise ValueError(
+            f"{directory} holds an encoder-decoder ({cfg.family}) model; generate continues decoder-only models, "
+            f"use: attnkit translate --model {directory}"
+        )
+    if command == "translate" and not cfg.is_encoder_decoder:
+        raise ValueError(
+            f"{directory} holds a decoder-only ({cfg.family}) model; translate needs an encoder-decoder, "
+            f"use: attnkit generate --model {directory}"
+        )
+    return model
+
+
+def tokenizer_of(model: Model, directory: str, ids_hint: bool) -> Tokenizer:
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        hint = ', or pass token ids with --ids "1 2 3"' if ids_hint else ""
+        raise ValueError(
+            f"{directory} has no tokenizer.json, so text cannot be encoded; put the model's tokenizer.json there "
+            f"(save_pretrained writes model.tokenizer){hint}"
+        )
+    return tokenizer
+
+
+def decoding_options(args: argparse.Namespace, vocab_size: int) -> dict:
+    """``generate`` keyword arguments from the decoding flags, each checked with the flag's name."""
+    for flag, value in [("--max-new-tokens", args.max_new_tokens), ("--num-beams", args.num_beams)]:
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    for flag, value in [("--temperature", args.temperature), ("--length-penalty", args.length_penalty)]:
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"{flag} must be a finite number, got {value}")
+    if args.temperature is not None and not args.temperature > 0:
+        raise ValueError(f"--temperature must be > 0, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    flags = {"--temperature": args.temperature, "--top-k": args.top_k, "--top-p": args.top_p}
+    set_without_sampling = [flag for flag, value in flags.items() if value is not None]
+    if set_without_sampling and not args.do_sample:
+        verb = "applies" if len(set_without_sampling) == 1 else "apply"
+        raise ValueError(f"{', '.join(set_without_sampling)} {verb} only when sampling; add --do-sample")
+    if args.do_sample and args.num_beams > 1:
+        raise ValueError(f"--do-sample samples one path per input; use --num-beams 1 (got {args.num_beams})")
+    check_no_repeat_ngram_size(args.no_repeat_ngram_size)
+    for flag, value in [("--eos-id", args.eos_id), ("--pad-id", args.pad_id)]:
+        if value is not None and not 0 <= value < vocab_size:
+            raise ValueError(f"{flag} must be a token id in [0, {vocab_size}), got {value}")
+    return dict(
+        max_new_tokens=args.max_new_tokens,
+        num_beams=args.num_beams,
+        length_penalty=args.length_penalty,
+        length_penalty_style=args.length_penalty_style,
+        do_sample=args.do_sample,
+        temperature=1.0 if args.temperature is None else args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        eos_token_id=args.eos_id,
+        pad_token_id=args.pad_id,
+        no_repeat_ngram_size=args.no_repeat_ngram_size,
+    )
+
+
+def add_decoding_flags(
+    parser: argparse.ArgumentParser, max_new_tokens: int, num_beams: int | None, length_penalty: float | None
+) -> None:
+    group = parser.add_argument_group("decoding")
+    group.add_argument(
+        "--max-new-tokens",
+        metavar="N",
+        type=int,
+        default=max_new_tokens,
+        help=f"most tokens generated (default {max_new_tokens})",
+    )
+    group.add_argument(
+        "--num-beams",
+        metavar="K",
+        type=int,
+        default=num_beams,
+        help="beams; 1 = greedy (default "
+        + ("4, or 1 with --do-sample" if num_beams is None else str(num_beams))
+        + ")",
+    )
+    group.add_argument(
+        "--length-penalty",
+        metavar="ALPHA",
+        type=float,
+        default=length_penalty,
+        help="length penalty alpha for beam search; 0 = none (default "
+        + ("0.6" if length_penalty is None else str(length_penalty))
+        + ")",
+    )
+    group.add_argument(
+        "--length-penalty-style",
+        choices=["gnmt", "power"],
+        default="gnmt",
+        help="gnmt: ((5+|Y|)/6)^alpha, the paper's; power: |Y|^alpha, Hugging Face's (default gnmt)",
+    )
+    add_no_repeat_ngram_flag(group)
+    group.add_argument("--do-sample", action="store_true", help="sample instead of taking the most likely token")
+    group.add_argument("--temperature", metavar="T", type=float, help="sampling temperature > 0 (default 1.0)")
+    group.add_argument("--top-k", metavar="K", type=int, help="sample among the k most likely tokens")
+    group.add_argument(
+        "--top-p", metavar="P", type=float, help="sample from the smallest set of tokens with mass >= p, in (0, 1]"
+    )
+    group.add_argument(
+        "--seed", metavar="S", type=int, help="sampling seed, for reproducible samples (batch i uses seed + i)"
+    )
+    group.add_argument(
+        "--eos-id", metavar="ID", type=int, help="end-of-sequence token id (default: the model config's)"
+    )
+    group.add_argument("--pad-id", metavar="ID", type=int, help="padding token id (default: the model config's)")
+    parser.add_argument("--batch-size", metavar="N", type=int, default=16, help="inputs decoded together (default 16)")
+
+
+def require(*packages: str) -> None:
+    """Import the optional ``packages`` a command needs now, before it does any work: a missing
+    one fails at once (and :func:`attnkit.cli.main` names the extra that installs it), not
+    after ten minutes of training."""
+    for package in packages:
+        importlib.import_module(package)
+
+
+def check_no_repeat_ngram_size(value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"--no-repeat-ngram-size must be >= 1, got {value} (3 is usual)")
+
+
+def add_no_repeat_ngram_flag(group: argparse._ActionsContainer) -> None:
+    group.add_argument(
+        "--no-repeat-ngram-size", metavar="N", type=int, help="never output the same N-gram twice (default: off)"
+    )
+
+
+MODEL_DIR = "model directory (attnkit's or Hugging Face's)"
+
+
+def add_model_flag(parser: argparse.ArgumentParser, what: str = MODEL_DIR) -> None:
+    parser.add_argument("--model", required=True, metavar="DIR", help=what)
+
+
+def input_lines(args: argparse.Namespace, given: list[str] | None) -> Iterator[str]:
+    """The inputs, one per line: from the command line, else ``--input FILE``, else standard
+    input, read lazily so that a batch is decoded as soon as its lines have arrived."""
+    if given:
+        yield from given
+        return
+    if args.input is not None:
+        path = Path(args.input)
+        if not path.is_file():
+            raise FileNotFoundError(f"--input {args.input} is not a file")
+        if path.stat().st_size == 0:
+            raise ValueError(f"--input {args.input} is empty; put one input per line")
+        with open(path, "rb") as stream:
+            yield from text_lines(stream, f"--input {args.input}")
+        return
+    if sys.stdin.isatty():
+        print(f"attnkit {args.command}: reading one input per line from standard input (Ctrl-D ends)", file=sys.stderr)
+    yield from text_lines(getattr(sys.stdin, "buffer", sys.stdin), "standard input")
+
+
+def text_lines(stream: Iterable[bytes | str], source: str) -> Iterator[str]:
+    """The lines of ``stream`` without their line endings, refused with the line number when
+    they are not UTF-8 text (a leading byte-order mark is dropped)."""
+    for lineno, line in enumerate(stream, start=1):
+        if (b"\0" if isinstance(line, bytes) else "\0") in line:
+            raise ValueError(f"{source} looks binary (a NUL byte on line {lineno}); pass UTF-8 text, an input per line")
+        try:
+            text = line.decode("utf-8") if isinstance(line, bytes) else line
+        except UnicodeDecodeError as err:
+            raise ValueError(
+                f"{source}: line {lineno} is not valid UTF-8 (byte 0x{line[err.start]:02x}); re-encode it as UTF-8, "
+                "e.g. with iconv -f latin1 -t utf-8"
+            ) from None
+        yield (text.removeprefix("\ufeff") if lineno == 1 else text).rstrip("\r\n")
+
+
+def in_batches(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
+    batch: list[_T] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def encode(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, special tokens included, without any padding the tokenizer adds."""
+    return [[i for i, m in zip(e.ids, e.attention_mask, strict=True) if m] for e in tokenizer.encode_batch(texts)]
+
+
+def until_eos(tokens: list[int], eos: int | None) -> list[int]:
+    """The generated tokens before the first end token (the rest is padding)."""
+    return tokens[: tokens.index(eos)] if eos is not None and eos in tokens else tokens
+
+
+def one_line(text: str) -> str:
+    """One output line per input: newlines inside a text are written as a literal ``\\n``."""
+    return text.replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\n")
+
+
+def emit(lines: list[str]) -> None:
+    print("\n".join(lines), flush=True)  # each batch as soon as it is decoded
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(token) for token in text.split()]
+    except ValueError:
+        raise ValueError(f"--ids takes space-separated integer token ids, got {text!r}") from None
+    if not ids:
+        raise ValueError("--ids needs at least one token id")
+    return ids
+
+
+def saved_run(run_dir: str) -> RunConfig:
+    from attnkit.training.run import RUN_CONFIG
+
+    path = Path(run_dir) / RUN_CONFIG
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no {RUN_CONFIG}); pass the --out of attnkit train")
+    return run_from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def held_out(run: RunConfig, split: str) -> list:
+    from attnkit.data.prepare import read_texts
+
+    texts = read_texts(run)
+    part = texts.get(split)
+    if not part and split == "test":  # user files have no test split: their held-out part is valid
+        part = texts.valid
+    return part

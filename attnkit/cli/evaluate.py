@@ -1,0 +1,68 @@
+"""``attnkit evaluate``: score a trained run on its held-out split."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+
+from attnkit.cli.common import (
+    add_model_flag,
+    add_no_repeat_ngram_flag,
+    add_weights_flag,
+    check_no_repeat_ngram_size,
+    held_out,
+    require,
+    saved_run,
+)
+from attnkit.config import RunConfig
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "evaluate",
+        help="score a trained run on its held-out split (BLEU/chrF, or loss and perplexity)",
+        description="Evaluate a run directory's model on its corpus's held-out split: sacreBLEU BLEU and chrF "
+        "for translation, loss, perplexity and accuracy for the language models.",
+        epilog="example: attnkit evaluate --model runs/translate-en-fr --split test --num-beams 4",
+    )
+    add_model_flag(parser, "a run directory (written by attnkit train)")
+    add_weights_flag(parser)
+    parser.add_argument("--split", choices=["valid", "test"], default="test", help="held-out split (default test)")
+    parser.add_argument("--num-beams", type=int, default=4, help="beam size for translation (default 4; 1 = greedy)")
+    parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT α for beam search (default 0.6)")
+    add_no_repeat_ngram_flag(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import attnkit
+    from attnkit.data.prepare import encode
+    from attnkit.data.tokenizer import specials_of
+    from attnkit.training.evaluate import evaluate
+    from attnkit.training.report import score_translations
+    from attnkit.training.run import make_objective
+
+    saved = saved_run(args.model)
+    pairs = held_out(saved, args.split)
+    model = attnkit.from_pretrained(args.model, weights=args.weights)
+    if saved.objective == "translation":
+        require("sacrebleu")
+        if args.num_beams < 1:
+            raise ValueError(f"--num-beams must be >= 1, got {args.num_beams} (1 = greedy)")
+        check_no_repeat_ngram_size(args.no_repeat_ngram_size)
+        options = {"num_beams": args.num_beams, "no_repeat_ngram_size": args.no_repeat_ngram_size}
+        if args.num_beams > 1:
+            options.update(length_penalty=args.length_penalty, length_penalty_style="gnmt")
+        scores = score_translations(model, model.tokenizer, pairs, saved.data.max_tokens, **options)
+        result = f"BLEU {scores.bleu:.2f}, chrF {scores.chrf:.2f}"
+        print(f"{args.split}: {len(pairs)} sentences, beam {args.num_beams}: {result}")
+        print(f"  {scores.signature}")
+        return 0
+    examples = encode(model.tokenizer, pairs, saved.data.max_tokens)
+    objective = make_objective(saved, specials_of(model.tokenizer))
+    everything = RunConfig(saved.model, dataclasses.replace(saved.train, eval_batches=len(examples)), saved.data)
+    result = evaluate(model, objective, examples, everything)
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float) and math.isfinite(v))
+    print(f"{args.split}: {len(examples)} examples, {result['tokens']} target tokens: {shown}")
+    return 0

@@ -1,0 +1,102 @@
+"""``attnkit generate``: continue prompts with a decoder-only model (GPT)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+
+from attnkit.cli.common import (
+    add_decoding_flags,
+    add_model_flag,
+    add_weights_flag,
+    decoding_options,
+    emit,
+    encode,
+    in_batches,
+    input_lines,
+    load_for,
+    one_line,
+    parse_ids,
+    tokenizer_of,
+    until_eos,
+)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate",
+        help="continue prompts with a decoder-only model (GPT)",
+        description="Continue each prompt with a decoder-only model; print one line per prompt, in input order:\n"
+        "the prompt and its continuation (only the continuation with --only-new), decoded with the\n"
+        "directory's tokenizer.json, special tokens skipped, newlines inside a text written as \\n.\n"
+        "Prompts come from --prompt, else --input FILE, else standard input, one per line; each batch\n"
+        "is printed as soon as it is decoded (--batch-size 1 answers line by line). With --ids the\n"
+        "prompts and the output are token ids. An empty prompt starts from the model's bos_token_id.\n"
+        "Greedy by default; --num-beams N for beam search, --do-sample to sample.",
+        epilog="examples:\n"
+        '  attnkit generate --model ./gpt2 --prompt "Attention is" --max-new-tokens 20\n'
+        "  attnkit generate --model ./gpt2 --do-sample --top-p 0.9 --seed 0 < prompts.txt\n"
+        '  attnkit generate --model ./gpt2 --ids "464 3241 318" --only-new',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_flag(parser)
+    add_weights_flag(parser)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for several)")
+    source.add_argument("--ids", action="append", metavar='"ID ID ..."', help="a prompt as token ids (repeatable)")
+    source.add_argument("--input", metavar="FILE", help="prompts, one per line (default: standard input)")
+    parser.add_argument("--only-new", action="store_true", help="print only the continuation, not the prompt")
+    add_decoding_flags(parser, max_new_tokens=50, num_beams=1, length_penalty=0.0)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnkit.data.specials import BOS
+
+    model = load_for(args.model, "generate", args.weights)
+    cfg = model.config
+    options = decoding_options(args, cfg.vocab_size)
+    eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
+    pad = cfg.pad_token_id if args.pad_id is None else args.pad_id
+    tokenizer = None
+    if args.ids is not None:
+        inputs: Iterable = [parse_ids(text) for text in args.ids]
+    else:
+        tokenizer = tokenizer_of(model, args.model, ids_hint=True)
+        inputs = input_lines(args, args.prompt)
+    # attnkit's causal-LM objective trains on <s> + text: give its models the same start.
+    starts_with_bos = (
+        tokenizer is not None and cfg.bos_token_id is not None and tokenizer.token_to_id(BOS) == cfg.bos_token_id
+    )
+    for index, batch in enumerate(in_batches(inputs, args.batch_size)):
+        prompts = batch if tokenizer is None else encode(tokenizer, batch)
+        if starts_with_bos:
+            prompts = [p if p[:1] == [cfg.bos_token_id] else [cfg.bos_token_id, *p] for p in prompts]
+        for n, prompt in enumerate(prompts):
+            if not prompt:
+                if cfg.bos_token_id is None:
+                    raise ValueError(
+                        f"prompt {index * args.batch_size + n + 1} is empty and the model has no bos_token_id "
+                        "to start from; give it some text"
+                    )
+                prompt.append(cfg.bos_token_id)
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(prompts):  # left padding: every prompt ends at column width - 1
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        seed = None if args.seed is None else args.seed + index
+        out = model.generate(ids, mask, seed=seed, **options)
+        lines = []
+        for row, prompt in enumerate(prompts):
+            new = until_eos(out[row, width:].tolist(), eos)
+            tokens = new if args.only_new else prompt + new
+            if tokenizer is None:
+                lines.append(" ".join(map(str, tokens)))
+            else:
+                lines.append(one_line(tokenizer.decode(tokens, skip_special_tokens=True)))
+        emit(lines)
+    return 0

@@ -1,0 +1,100 @@
+"""Preparing a corpus for training: the run's texts read and split, the tokenizer trained (or
+reused), the examples encoded, and their token-budget batches.
+
+A pair's ``cost`` (the positions it takes in a batch) is what
+:class:`~attnkit.data.batching.TokenBatches` packs by.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from attnkit.config import RunConfig
+from attnkit.data import corpora
+from attnkit.data.batching import TokenBatches, split_train_valid
+from attnkit.data.files import read_lines, read_pairs
+from attnkit.data.specials import Specials
+from attnkit.data.tokenizer import encode_batch, load_tokenizer, specials_of, train_tokenizer
+
+
+@dataclass
+class Data:
+    """A corpus prepared for a run: its tokenizer and specials, and the encoded examples."""
+
+    tokenizer: Tokenizer
+    specials: Specials
+    train: list[Any]  # token-id examples: list[int], or (source, target) pairs for translation
+    valid: list[Any]
+    test: list[Any]  # empty for user files (their held-out part is valid)
+
+
+def cost(example: Any) -> int:
+    """Padded positions an example takes in a batch (specials included)."""
+    if isinstance(example, tuple):
+        return max(len(example[0]), len(example[1])) + 1
+    return len(example) + 2
+
+
+def read_texts(run: RunConfig) -> corpora.Split[Any]:
+    """The run's examples as text: lines, or (source, target) pairs for translation, split."""
+    data, translation = run.data, run.objective == "translation"
+    if data.corpus == "bible":
+        return corpora.bible_pairs(data.source, data.target) if translation else corpora.bible_text(data.bibles)
+    if data.corpus == "numbers":
+        if not translation:
+            raise ValueError("the numbers corpus holds translation pairs; train an encoder-decoder (translation) on it")
+        return corpora.numbers_pairs(data.numbers, data.source, data.target)
+    if not data.path:
+        raise ValueError("no training data: pass --data.path FILE (plain text, or source<TAB>target for translation)")
+    items: list[Any] = read_pairs(data.path) if translation else read_lines(data.path)
+    if len(items) < 2:
+        raise ValueError(f"{', '.join(data.path)}: fewer than 2 examples; a run needs more data")
+    train_idx, valid_idx = split_train_valid(len(items), data.valid_fraction, run.train.seed)
+    return corpora.Split([items[i] for i in train_idx], [items[i] for i in valid_idx], [])
+
+
+def encode(tokenizer: Tokenizer, examples: list[Any], max_tokens: int) -> list[Any]:
+    """Token ids of text examples, truncated to leave room for the specials the objective
+    adds; examples with an empty side are dropped."""
+    pairs = bool(examples) and isinstance(examples[0], tuple)
+    texts = [t for e in examples for t in e] if pairs else examples
+    ids = [row[: max_tokens - 2] for row in encode_batch(tokenizer, texts)]
+    encoded: list[Any] = list(zip(ids[0::2], ids[1::2], strict=True)) if pairs else ids
+    return [e for e in encoded if (all(e) if pairs else e)]
+
+
+def load_data(run: RunConfig, tokenizer: Tokenizer | None) -> Data:
+    """Read the corpus, train (or reuse) the tokenizer on the training split, encode."""
+    texts = read_texts(run)
+    if tokenizer is None and run.data.tokenizer:
+        tokenizer = load_tokenizer(run.data.tokenizer)
+    if tokenizer is None:  # one vocabulary for source and target, as the paper's shared BPE
+        lines = (
+            [t for e in texts.train for t in e] if texts.train and isinstance(texts.train[0], tuple) else texts.train
+        )
+        tokenizer = train_tokenizer(lines, run.data.vocab_size)
+    train, valid, test = (
+        encode(tokenizer, part, run.data.max_tokens) for part in (texts.train, texts.valid, texts.test)
+    )
+    if len(train) < 1 or len(valid) < 1:
+        raise ValueError(
+            "the corpus gave no usable training or validation example; check data.path and data.max_tokens"
+        )
+    return Data(tokenizer, specials_of(tokenizer), train, valid, test)
+
+
+def train_batches(run: RunConfig, data: Data) -> TokenBatches:
+    """The training split's token-budget batches, with the run's curriculum, if any."""
+    lengths = [cost(e) for e in data.train]
+    short_max = run.data.curriculum_max_tokens
+    if short_max is not None and min(lengths) > short_max:
+        raise ValueError(
+            f"data.curriculum_max_tokens={short_max} leaves no training example for the curriculum (the shortest "
+            f"takes {min(lengths)} positions); raise it, or set it to null for no curriculum"
+        )
+    return TokenBatches(
+        lengths, run.train.batch_tokens, run.train.seed, short_max=short_max, short_epochs=run.data.curriculum_epochs
+    )

@@ -1,0 +1,29 @@
+"""What the converters of :mod:`attnkit.interop.hf` share: reading a Hugging Face config's
+options and special ids, and renaming checkpoint keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def strip_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """Drop ``prefix`` from the keys that have it (task-head checkpoints nest the base model)."""
+    return {k.removeprefix(prefix): v for k, v in tensors.items()}
+
+
+def unsupported(data: dict[str, Any], defaults: dict[str, Any], model_type: str) -> None:
+    """Raise if ``data`` sets an option attnkit does not implement to a non-default value."""
+    for key, default in defaults.items():
+        if key in data and data[key] != default:
+            raise ValueError(f"{model_type} option {key}={data[key]!r} is not supported (only {default!r})")
+
+
+def token_id(data: dict[str, Any], key: str) -> int | None:
+    """A special token id of a Hugging Face config, or None where it is unset or outside the
+    vocabulary (small test configs keep GPT-2's 50256 with a vocabulary of 100)."""
+    value = data.get(key)
+    if isinstance(value, list):  # generation configs may list several end tokens
+        value = value[0] if value else None
+    return value if isinstance(value, int) and 0 <= value < data["vocab_size"] else None

@@ -1,0 +1,50 @@
+"""Loading a model from wherever it lives: attnkit's own directory, a training run's directory
+(its latest complete checkpoint, with the run's tokenizer), or a Hugging Face directory.
+
+This is the one module that knows every source; it sits above :mod:`attnkit.models`,
+:mod:`attnkit.interop` and :mod:`attnkit.training`, which do not import it. Weights come only
+from safetensors; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from attnkit.interop.hf import load_hf
+from attnkit.models import Model, load_saved
+from attnkit.models.io import CONFIG, FORMAT, attach_tokenizer, read_json, refuse_pickles
+from attnkit.models.weights import check_format, to_format
+from attnkit.training.checkpoint import CHECKPOINTS, latest_checkpoint
+
+
+def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
+    """Load attnkit's own directory, a training run's directory, or a Hugging Face one
+    (``gpt2``, ``bert``, ``t5``, ``marian``), with its weights in ``weights`` format:
+    ``"fp32"`` as trained, ``"bf16"`` or ``"int8"`` for inference
+    (:mod:`attnkit.models.weights`)."""
+    check_format(weights, torch.device("cpu"))
+    model = _load(Path(path))
+    return model if weights == "fp32" else to_format(model, weights)
+
+
+def _load(directory: Path) -> Model:
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory} is not a directory; pass a directory written by save_pretrained")
+    if not (directory / CONFIG).exists() and (directory / CHECKPOINTS).is_dir():
+        return _from_run(directory)
+    refuse_pickles(directory)
+    data = read_json(directory / CONFIG)
+    if data.get("format") != FORMAT:
+        return load_hf(directory, data)
+    return load_saved(directory)
+
+
+def _from_run(run_dir: Path) -> Model:
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise FileNotFoundError(f"{run_dir} is a run directory without a complete checkpoint yet; train it further")
+    model = load_saved(checkpoint)
+    attach_tokenizer(model, run_dir)
+    return model

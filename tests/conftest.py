@@ -1,0 +1,38 @@
+"""Fixtures shared across the test packages."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+# A 13-word vocabulary; "the" four times, so that one word is far more frequent than the rest.
+WORDS = ("the", "cat", "sat", "on", "the", "mat", "and", "the", "dog", "ran", "in", "the", "park", "while", "birds",
+         "sang")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def words() -> tuple[str, ...]:
+    """The vocabulary of :func:`random_words`."""
+    return WORDS
+
+
+@pytest.fixture(scope="session")
+def random_words(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """A factory of small plain-text corpora: ``random_words(lines, seed=0)`` is a file of
+    ``lines`` lines of 5 to 15 words drawn from :data:`WORDS`, written once per session for
+    each ``(lines, seed)`` and shared (treat it as read-only)."""
+    made: dict[tuple[int, int], Path] = {}
+
+    def make(lines: int, seed: int = 0) -> Path:
+        if (lines, seed) not in made:
+            rng = random.Random(seed)
+            text = "\n".join(" ".join(rng.choices(WORDS, k=rng.randint(5, 15))) for _ in range(lines)) + "\n"
+            path = tmp_path_factory.mktemp("words") / f"words-{lines}-{seed}.txt"
+            path.write_text(text, encoding="utf-8")
+            made[lines, seed] = path
+        return made[lines, seed]
+
+    return make

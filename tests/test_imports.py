@@ -1,0 +1,136 @@
+"""The house's rooms import one way: a walk over every ``import`` in attnkit (function-level
+ones too: a lazy import hides an arrow, it does not remove it) finds no cycle but the one
+allowed back-edge, and the command line parses without importing torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "attnkit"
+# Model.generate, a thin method that hands over to attnkit.generation.
+ALLOWED = {("attnkit.models.core", "attnkit.generation")}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the attnkit modules it imports anywhere in its body."""
+    known = modules()
+
+    def owner(name: str) -> str:
+        while name not in known:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets |= {owner(a.name) for a in node.names if a.name.split(".")[0] == "attnkit"}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("attnkit"):
+                for alias in node.names:  # `from pkg import submodule` imports the submodule
+                    full = f"{node.module}.{alias.name}"
+                    targets.add(full if full in known else owner(node.module))  # type: ignore[arg-type]
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                raise AssertionError(f"{path}: relative import; attnkit imports by absolute names")
+        graph[name] = {t for t in targets if t != name and (name, t) not in ALLOWED}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                found.append(sorted([v, *component]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_walk_sees_function_level_imports_and_cycles() -> None:
+    graph = import_graph()
+    assert "attnkit.generation" in graph["attnkit.models.core"] | {t for s, t in ALLOWED if s == "attnkit.models.core"}
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_imports_point_one_way() -> None:
+    found = cycles(import_graph())
+    described = [" <-> ".join(c) for c in found]
+    assert not found, f"import cycles: {described}"
+
+
+def test_lower_rooms_do_not_reach_up() -> None:
+    """nn, models and generation know nothing of the rooms above them; interop, training, data
+    and objectives do not import loading (which sits above them all) or the command line."""
+    graph = import_graph()
+    above = ("attnkit.interop", "attnkit.training", "attnkit.loading", "attnkit.cli", "attnkit.chapter")
+    rules = {
+        ("attnkit.nn", "attnkit.models", "attnkit.generation"): above,
+        ("attnkit.interop", "attnkit.training", "attnkit.data", "attnkit.objectives"): (
+            "attnkit.loading",
+            "attnkit.cli",
+        ),
+        ("attnkit.interop",): ("attnkit.training",),
+    }
+    for lower, upper in rules.items():
+        for module, targets in graph.items():
+            if module.startswith(lower):
+                bad = sorted(t for t in targets if t.startswith(upper))
+                assert not bad, f"{module} imports {bad}"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["translate", "--help"], ["figures", "--help"]])
+def test_parsing_the_command_line_imports_no_torch(argv: list[str]) -> None:
+    code = (
+        "import sys\n"
+        "from attnkit.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = [m for m in ('torch', 'transformers', 'tokenizers', 'numpy') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_import_attnkit_and_loading_leave_dynamo_and_distributed_checkpoint_alone() -> None:
+    code = (
+        "import sys, attnkit\n"
+        "attnkit.from_pretrained\n"
+        "print([m for m in ('torch._dynamo', 'torch.distributed.checkpoint') if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
