@@ -7,8 +7,9 @@ fused paths as n grows to 16k), ``gpu`` (the bf16 suite on one accelerator: benc
 ``translation`` (BLEU at equal wall time vs a MarianMT of the same size), ``demo`` (make demo's
 job end to end: time and BLEU), ``trainspeed`` (training throughput at the demo's shape against an
 earlier commit, side by side), ``recipe`` (variants of a run preset over seeds and budgets, each
-in a fresh process: ``python -m benchmarks recipe --help``), ``startup`` (the command line's
-start-up: ``--help`` and one ``translate`` against ``import torch`` + the model load).
+in a fresh process: ``python -m benchmarks recipe --help``), ``decoding`` (batch-1 greedy
+per weight format, with its bandwidth floor), ``startup`` (the command line's start-up:
+``--help`` and one ``translate`` against ``import torch`` + the model load).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from benchmarks import (
     attention,
+    decoding,
     demo,
     fastpaths,
     forward,
@@ -157,6 +159,7 @@ def main() -> None:
         sys.exit(recipe.main(sys.argv[2:]))
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     others = ["peak", "attention", "latency", "translation", "gpu", "demo", "recipe", "trainspeed", "startup"]
+    others.append("decoding")
     parser.add_argument("suite", choices=[*sorted(SUITES), *others])
     parser.add_argument("--small", action="store_true", help="tiny shapes (a quick check that it runs)")
     parser.add_argument("--repeats", type=int, default=5)
@@ -168,6 +171,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.suite == "demo":
         print(_demo(args.out, args.budget))
+        return
+    if args.suite == "decoding":
+        results, floors = decoding.run(repeats=args.repeats, small=args.small)
+        title = (
+            f"Batch-1 greedy decoding per weight format ({floors['bandwidth_gb_s']['value']:.0f} GB/s read bandwidth)"
+        )
+        print(report(title, results, args.out))
         return
     if args.suite == "startup":
         results = startup.run(repeats=args.repeats)

@@ -15,7 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize(
     ("suite", "options"),
-    [("peak", []), ("attention", ["--small"]), ("gpu", ["--small", "--device", "cpu"]), ("startup", [])],
+    [
+        ("peak", []),
+        ("attention", ["--small"]),
+        ("gpu", ["--small", "--device", "cpu"]),
+        ("startup", []),
+        ("decoding", ["--small"]),
+    ],
 )
 def test_suite_runs_and_writes_json(suite: str, options: list[str], tmp_path: Path) -> None:
     out = tmp_path / f"{suite}.json"
