@@ -38,7 +38,7 @@ def _load(directory: Path) -> Model:
     data = read_json(directory / CONFIG)
     if data.get("format") != FORMAT:
         return load_hf(directory, data)
-    return load_saved(directory)
+    return load_saved(directory, data)
 
 
 def _from_run(run_dir: Path) -> Model:

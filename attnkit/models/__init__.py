@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,12 +52,16 @@ def build_loaded(config: ModelConfig, tensors: dict[str, Tensor], source: str) -
     return model
 
 
-def load_saved(directory: str | Path) -> Model:
+def load_saved(directory: str | Path, config_json: dict[str, Any] | None = None) -> Model:
     """The model (with its tokenizer, where there is one) of attnkit's own directory, as
-    :meth:`Model.save_pretrained` and the training checkpoints write it."""
+    :meth:`Model.save_pretrained` and the training checkpoints write it. ``config_json``: its
+    ``config.json``, where the caller has already read it (and checked the directory for
+    pickles)."""
     directory = Path(directory)
-    refuse_pickles(directory)
-    config = saved_config(directory, read_json(directory / CONFIG))
+    if config_json is None:
+        refuse_pickles(directory)
+        config_json = read_json(directory / CONFIG)
+    config = saved_config(directory, config_json)
     model = build_loaded(config, read_safetensors(directory), str(directory / WEIGHTS))
     attach_tokenizer(model, directory)
     return model.eval()
