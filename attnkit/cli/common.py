@@ -10,6 +10,8 @@ import argparse
 import importlib
 import json
 import math
+import os
+import stat
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -205,6 +207,17 @@ def input_lines(args: argparse.Namespace, given: list[str] | None) -> Iterator[s
     if sys.stdin.isatty():
         print(f"attnkit {args.command}: reading one input per line from standard input (Ctrl-D ends)", file=sys.stderr)
     yield from text_lines(getattr(sys.stdin, "buffer", sys.stdin), "standard input")
+
+
+def streamed(args: argparse.Namespace, given: list[str] | None) -> bool:
+    """Whether the inputs arrive as a stream (standard input from a pipe or a terminal), whose
+    next line may wait on the answer to the last; a file, redirected or named, is all there."""
+    if given or args.input is not None:
+        return False
+    try:
+        return not stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode)
+    except (OSError, ValueError):  # no real descriptor (a test's replaced stdin): treat as a stream
+        return True
 
 
 def text_lines(stream: Iterable[bytes | str], source: str) -> Iterator[str]:

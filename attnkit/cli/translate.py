@@ -15,9 +15,13 @@ from attnkit.cli.common import (
     input_lines,
     load_for,
     one_line,
+    streamed,
     tokenizer_of,
     until_eos,
 )
+
+# Batches sorted by length within windows of this many batches.
+SORT_WINDOW = 16
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -27,9 +31,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Translate each source with an encoder-decoder model; print one line per source, in input\n"
         "order (an empty source gives an empty line), decoded with the directory's tokenizer.json, the\n"
         "start and special tokens skipped, newlines inside a text written as \\n. Sources are the TEXT\n"
-        "arguments, else --input FILE, else standard input, one per line; each batch of --batch-size\n"
-        "is printed as soon as it is decoded. Each source ends with the end token, appended where the\n"
-        "tokenizer does not add it (attnkit's translation objective trains on source + eos).\n"
+        "arguments, else --input FILE, else standard input, one per line. A file is read 16 batches\n"
+        "of --batch-size at a time, decoded in batches of similar length and printed in input order;\n"
+        "a pipe or terminal is answered batch by batch, as soon as each batch has arrived. Each source\n"
+        "ends with the end token, appended where the tokenizer does not add it (attnkit's translation\n"
+        "objective trains on source + eos).\n"
         "The defaults are the paper's (Vaswani et al. 2017, section 6.1): beam search with 4 beams,\n"
         "length penalty alpha = 0.6 in the gnmt form ((5+|Y|)/6)^alpha, and at most source length + 50\n"
         "tokens (--source-length-offset).",
@@ -57,7 +63,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    from attnkit.generation.batches import length_sorted, pad_right
 
     model = load_for(args.model, "translate", args.weights)
     cfg = model.config
@@ -71,26 +77,24 @@ def run(args: argparse.Namespace) -> int:
     eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
     pad = cfg.pad_token_id if args.pad_id is None else args.pad_id
     tokenizer = tokenizer_of(model, args.model, ids_hint=False)
-    for index, batch in enumerate(in_batches(input_lines(args, args.text), args.batch_size)):
-        lines = [""] * len(batch)  # empty sources give empty lines
-        rows = [n for n, text in enumerate(batch) if text.strip()]
-        sources = encode(tokenizer, [batch[n] for n in rows])
+    # Sources are read a window at a time, decoded in batches of similar length, and each window
+    # is printed in input order; a stream is answered batch by batch.
+    window_size = args.batch_size * (1 if streamed(args, args.text) else SORT_WINDOW)
+    for index, window in enumerate(in_batches(input_lines(args, args.text), window_size)):
+        lines = [""] * len(window)  # empty sources give empty lines
+        rows = [n for n, text in enumerate(window) if text.strip()]
+        sources = encode(tokenizer, [window[n] for n in rows])
         rows, sources = [n for n, s in zip(rows, sources, strict=True) if s], [s for s in sources if s]
         for source in sources:  # a source ends with the end token, as in training (Marian's, T5's, attnkit's)
             if eos is not None and source[-1] != eos:
                 source.append(eos)
-        if sources:
-            width = max(len(s) for s in sources)
-            ids = torch.full((len(sources), width), pad, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for row, source in enumerate(sources):
-                ids[row, : len(source)] = torch.tensor(source)
-                mask[row, : len(source)] = 1
-            seed = None if args.seed is None else args.seed + index
+        for number, batch in enumerate(length_sorted([len(s) for s in sources], args.batch_size)):
+            ids, mask = pad_right([sources[i] for i in batch], pad)
+            seed = None if args.seed is None else args.seed + index * SORT_WINDOW + number
             out = model.generate(ids, mask, seed=seed, source_length_offset=args.source_length_offset, **options)
-            for row, (n, source) in enumerate(zip(rows, sources, strict=True)):
+            for row, i in enumerate(batch):
                 # Drop the start token; keep at most source length + offset tokens, up to the end token.
-                new = until_eos(out[row, 1 : 1 + len(source) + args.source_length_offset].tolist(), eos)
-                lines[n] = one_line(tokenizer.decode(new, skip_special_tokens=True))
+                new = until_eos(out[row, 1 : 1 + len(sources[i]) + args.source_length_offset].tolist(), eos)
+                lines[rows[i]] = one_line(tokenizer.decode(new, skip_special_tokens=True))
         emit(lines)
     return 0

@@ -137,7 +137,7 @@ def generate(
     incremental = IncrementalModel(model, input_ids, attention_mask, num_beams, max_new_tokens)
     constraint = None
     if no_repeat_ngram_size is not None:  # n-grams over what the decoder reads: the prompt or the start token
-        constraint = no_repeat_ngram(incremental.prompt, no_repeat_ngram_size)
+        constraint = no_repeat_ngram(no_repeat_ngram_size)
     if num_beams > 1:
         from attnkit.generation.beam import beam_search
 

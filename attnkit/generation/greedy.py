@@ -16,8 +16,14 @@ Choose = Callable[[Tensor], Tensor]  # next-token logits (N, vocab) -> chosen to
 
 def argmax(logits: Tensor) -> Tensor:
     """Line 7 of [alg:att-decode]: argmax_v p_v. The softmax of line 6 is monotone, so the
-    argmax of the logits is the argmax of p."""
-    return logits.argmax(dim=-1)
+    argmax of the logits is the argmax of p (no softmax is computed). bf16 logits are widened
+    first: the exact same order, and torch's fp32 argmax is 5x faster than its bf16 one."""
+    return logits.float().argmax(dim=-1)
+
+
+# Finished rows leave the batch once they are a quarter of the rows still stepping: dropping
+# copies every layer's cache, so it waits until it saves more than it costs.
+DROP_FRACTION = 0.25
 
 
 def decode_one_path(
@@ -34,28 +40,36 @@ def decode_one_path(
 
     ``budget`` (N,): a per-row cap on new tokens (source length + offset), on top of
     ``max_new_tokens``. ``constraint`` rewrites the logits before each choice (banned tokens
-    to -inf: :func:`attnkit.generation.ngrams.no_repeat_ngram`).
+    to -inf: :func:`attnkit.generation.ngrams.no_repeat_ngram`). Rows that finished are dropped
+    from the batch (``DROP_FRACTION``), so a batch costs what its unfinished rows cost.
     """
     # 1: H_enc <- Encoder(x), once (IncrementalModel did it); 2: y <- (BOS)
     # 4-6 for t = 1: embed y, add positions, run the decoder stack, p <- softmax(W z_t + b)
     logits = model.start()
     N = logits.shape[0]
     out = torch.full((N, max_new_tokens), pad_token_id, dtype=torch.long, device=logits.device)
-    finished = torch.zeros(N, dtype=torch.bool, device=logits.device)
+    rows = torch.arange(N, device=logits.device)  # (n,): the output row of each row still stepping
+    finished = torch.zeros(N, dtype=torch.bool, device=logits.device)  # (n,)
     for t in range(max_new_tokens):  # 3: for t = 1 .. T_max
         if constraint is not None:
-            logits = constraint(logits, out[:, :t])
+            logits = constraint(logits, torch.cat([model.prompt, out[rows, :t]], dim=1))
         token = choose(logits)  # 7: y_t <- argmax_v p_v (or a sample)
         token = torch.where(finished, pad_token_id, token)
-        out[:, t] = token  # 8: append y_t to y
+        out[rows, t] = token  # 8: append y_t to y
         if eos_token_id is not None:
             finished |= token == eos_token_id  # 9: if y_t = EOS, break
         if budget is not None:
-            finished |= budget <= t + 1
-        if bool(finished.all()):
+            finished |= budget[rows] <= t + 1
+        done = int(finished.sum())
+        if done == rows.shape[0]:
             return out[:, : t + 1]
-        if t + 1 < max_new_tokens:
-            logits = model.step(token)  # 4-6: only the new position goes through the stack
+        if t + 1 == max_new_tokens:
+            break
+        if done >= DROP_FRACTION * rows.shape[0]:
+            keep = (~finished).nonzero().squeeze(1)  # (n',)
+            model.reorder(keep)
+            rows, token, finished = rows[keep], token[keep], finished[keep]
+        logits = model.step(token)  # 4-6: only the new position goes through the stack
     return out
 
 

@@ -1,67 +1,98 @@
 """A model run one position at a time with its key/value cache, behind one interface for
 decoder-only and encoder–decoder models: :meth:`IncrementalModel.start` then
-:meth:`IncrementalModel.step`, each returning next-token logits."""
+:meth:`IncrementalModel.step`, each returning next-token logits, and
+:meth:`IncrementalModel.reorder` to re-rank or drop rows between steps."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from attnkit.models.core import Model
+from attnkit.models.core import DecoderOnlyModel, EncoderDecoderModel, Model
+from attnkit.nn import padding_mask
 
 
 class IncrementalModel:
     """``copies`` rows per example (beam search keeps k hypotheses of each), decoded with the
     KV cache: the source is encoded once ([alg:att-decode], line 1), every step feeds only the
-    new token and reads the earlier keys and values from the cache."""
+    new token and reads the earlier keys and values from the cache.
+
+    The step is lean: the tokens it feeds are the decoder's own choices, so they are not
+    validated again; the key mask and positions of decoder-only rows live in buffers sized for
+    the whole decode, so a step slices them instead of allocating.
+    """
 
     def __init__(
         self, model: Model, input_ids: Tensor, attention_mask: Tensor | None, copies: int = 1, max_new_tokens: int = 64
     ) -> None:
-        self.model = model
+        self.model, self.copies = model, copies
         self.encoder_decoder = model.config.is_encoder_decoder
         prompt = 1 if self.encoder_decoder else input_ids.shape[1]
         # Room for up to 256 new tokens at once (no regrowth while decoding the usual requests);
         # a longer one grows the cache by doubling, as far as it really decodes.
         self.cache = model.decoder.new_cache(capacity=prompt + min(max_new_tokens, 256))
-        if self.encoder_decoder:
-            memory, memory_mask = model.encode(input_ids, attention_mask)
-            self.memory = memory.repeat_interleave(copies, dim=0)  # (B, S, d) -> (B·copies, S, d)
-            self.memory_mask = None if memory_mask is None else memory_mask.repeat_interleave(copies, dim=0)
+        rows = input_ids.shape[0] * copies
+        self.key_mask: Tensor | None = None
+        if isinstance(model, EncoderDecoderModel):
+            # One memory row per example, not per copy: cross-attention lets an example's rows
+            # share its memory's keys and values (MultiHeadAttention groups them).
+            self.memory, self.memory_mask = model.encode(input_ids, attention_mask)  # (B, S, d), (B, 1, 1, S)
             start = model.config.decoder_start_token_id
-            self.prompt = torch.full((self.memory.shape[0], 1), start, dtype=torch.long, device=input_ids.device)
+            self.prompt = torch.full((rows, 1), start, dtype=torch.long, device=input_ids.device)
         else:
             self.prompt = input_ids.repeat_interleave(copies, dim=0)
             real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-            self.key_mask = real.repeat_interleave(copies, dim=0)  # (B·copies, T): grows by one per step
-            # Left-padded prompts count positions from each row's first real token.
-            self.positions = (self.key_mask.long().cumsum(-1) - 1).clamp(min=0)
+            real = real.repeat_interleave(copies, dim=0)  # (B·copies, T)
+            # Left-padded prompts count positions from each row's first real token; every new
+            # position is real, so rows without padding need no key mask at all.
+            self.positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B·copies, T)
             self.next_position = self.positions[:, -1:] + 1  # (B·copies, 1)
+            if not bool(real.all()):
+                self.key_mask = torch.ones(rows, prompt + max_new_tokens, dtype=torch.bool, device=real.device)
+                self.key_mask[:, :prompt] = real
 
     def start(self) -> Tensor:
         """Feed the prompt (decoder-only) or the start token (encoder–decoder); return the
         logits (N, vocab) of the token after it."""
         if self.encoder_decoder:
             return self._decode(self.prompt)
-        return self.model(self.prompt, self.key_mask, cache=self.cache, position_ids=self.positions).logits[:, -1]
+        mask = None if self.key_mask is None else self.key_mask[:, : self.prompt.shape[1]]
+        return self.model(self.prompt, mask, cache=self.cache, position_ids=self.positions).logits[:, -1]
 
     def step(self, tokens: Tensor) -> Tensor:
         """Feed one new token per row (N,); return the logits (N, vocab) of the next one."""
         tokens = tokens[:, None]  # (N,) -> (N, 1)
         if self.encoder_decoder:
             return self._decode(tokens)
-        self.key_mask = torch.cat([self.key_mask, self.key_mask.new_ones(tokens.shape)], dim=1)
+        model: DecoderOnlyModel = self.model  # type: ignore[assignment]
+        seen = len(self.cache) + 1
+        mask = None if self.key_mask is None else padding_mask(self.key_mask[:, :seen])  # (N, 1, 1, seen)
         positions, self.next_position = self.next_position, self.next_position + 1
-        return self.model(tokens, self.key_mask, cache=self.cache, position_ids=positions).logits[:, -1]
+        x = model.embeddings(tokens, position_ids=positions)
+        h = model.decoder(x, mask=mask, cache=self.cache)
+        return model.head(h, model.embeddings.token.weight)[:, -1]
 
     def _decode(self, tokens: Tensor) -> Tensor:
-        _, logits = self.model.decode(tokens, self.memory, self.memory_mask, cache=self.cache)
-        return logits[:, -1]
+        model: EncoderDecoderModel = self.model  # type: ignore[assignment]
+        x = model.decoder_embeddings(tokens, len(self.cache))
+        h = model.decoder(x, self.memory, memory_mask=self.memory_mask, cache=self.cache)
+        return model.head(h, model.decoder_embeddings.token.weight)[:, -1]
 
     def reorder(self, index: Tensor) -> None:
-        """Keep rows ``index`` (N,) — beam search re-ranking hypotheses within each example,
-        so the memory and its cross-attention keys/values, shared by an example's rows, stay."""
-        self.cache.reorder(index, cross_attention=False)
+        """Keep rows ``index`` (N',): beam search re-ranking hypotheses within each example,
+        and dropping every row of the examples that are done (N' < N). An example's rows stay
+        in that example, so the memory and its cross-attention keys/values, shared by them,
+        are only narrowed to the examples that remain."""
+        examples = None
+        if index.shape[0] != self.prompt.shape[0]:
+            examples = index.view(-1, self.copies)[:, 0] // self.copies  # (B',): the examples that remain
+            self.prompt = self.prompt.index_select(0, index)
+        self.cache.reorder(index, examples)
+        if self.encoder_decoder and examples is not None:
+            self.memory = self.memory.index_select(0, examples)
+            if self.memory_mask is not None:
+                self.memory_mask = self.memory_mask.index_select(0, examples)
         if not self.encoder_decoder:
-            self.key_mask = self.key_mask.index_select(0, index)
             self.next_position = self.next_position.index_select(0, index)
+            if self.key_mask is not None:
+                self.key_mask = self.key_mask.index_select(0, index)

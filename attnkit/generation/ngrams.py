@@ -9,7 +9,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-# (next-token scores (N, V), the new tokens of each row so far (N, t)) -> the scores to choose from
+# (next-token scores (N, V), what each row has read so far (N, L): the prompt or start token
+# and the new tokens) -> the scores to choose from
 Constraint = Callable[[Tensor, Tensor], Tensor]
 
 
@@ -34,13 +35,12 @@ def repeated_ngram_bans(sequences: Tensor, n: int, vocab_size: int) -> Tensor:
     return banned
 
 
-def no_repeat_ngram(prefix: Tensor, n: int) -> Constraint:
-    """The constraint that bans repeating an n-gram of ``prefix`` (N, P) + the new tokens:
-    banned scores become -inf. ``prefix`` is what the decoder read before its first new token:
-    the prompt (decoder-only) or the start token (encoder-decoder), as ``transformers`` counts."""
+def no_repeat_ngram(n: int) -> Constraint:
+    """The constraint that bans repeating an n-gram of what a row has read: banned scores
+    become -inf. What it has read is the prompt (decoder-only) or the start token
+    (encoder-decoder) and the new tokens, as ``transformers`` counts."""
 
-    def constrain(scores: Tensor, new_tokens: Tensor) -> Tensor:
-        sequences = torch.cat([prefix, new_tokens], dim=1)  # (N, P + t)
+    def constrain(scores: Tensor, sequences: Tensor) -> Tensor:
         return scores.masked_fill(repeated_ngram_bans(sequences, n, scores.shape[-1]), float("-inf"))
 
     return constrain

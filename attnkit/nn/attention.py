@@ -113,7 +113,21 @@ def attention_math(
     softmax stays out of saturation whatever the head width.
     """
     _check_inputs(q, k, v, mask, bias, scale, dropout_p)
-    if is_causal:
+    return _math(q, k, v, mask, scale, dropout_p, bias, is_causal)
+
+
+def _math(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    scale: float | None,
+    dropout_p: float,
+    bias: Tensor | None,
+    is_causal: bool,
+) -> tuple[Tensor, Tensor]:
+    """:func:`attention_math` on inputs already checked."""
+    if is_causal and q.shape[-2] > 1:  # one query, the last position, sees every key
         mask = _with_causal(mask, q, k)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., n, d_k) @ (..., d_k, m) -> (..., n, m)
@@ -139,6 +153,19 @@ def attention_math(
 _SMALL_SCORES = 128 * 128
 
 
+# One query against a short history (a decoding step) is the other way round: SDPA's CPU
+# kernels are slower than two matmuls there (measured here for 128 rows x 8 heads x 1 query
+# x 33 keys of 64: flash 430 us in fp32 and 2,272 us in bf16, the math backend 355 and 7,253,
+# two matmuls 222 and 343; for 1 row x 80 keys flash wins, 12 vs 22 us). So a forward pass of
+# few queries over many rows, outside autograd, runs the matmuls of the readable path.
+_FEW_QUERIES, _MANY_ROWS = 4, 16
+
+
+def _matmuls_win(q: Tensor) -> bool:
+    rows = q.numel() // (q.shape[-1] * q.shape[-2])  # batch x heads
+    return q.device.type == "cpu" and q.shape[-2] <= _FEW_QUERIES and rows >= _MANY_ROWS and not torch.is_grad_enabled()
+
+
 def _kernel(q: Tensor, k: Tensor) -> contextlib.AbstractContextManager:
     """The SDPA backends to allow for this call (see ``_SMALL_SCORES``)."""
     small = q.shape[-2] * k.shape[-2] <= _SMALL_SCORES
@@ -161,9 +188,13 @@ def attention_fused(
 
     Same contract as :func:`attention_math` (without the weights): rows with no key to
     attend are given every key inside the kernel, then zeroed, so they stay finite. A plain
-    causal self-attention (no other mask, no bias) runs the kernel's own causal mode.
+    causal self-attention (no other mask, no bias) runs the kernel's own causal mode. A
+    decoding step (few queries, many rows, no autograd) runs the matmuls of
+    :func:`attention_math` instead, which are faster there (``_FEW_QUERIES``).
     """
     _check_inputs(q, k, v, mask, bias, scale, dropout_p)
+    if _matmuls_win(q) and dropout_p == 0.0:
+        return _math(q, k, v, mask, scale, dropout_p, bias, is_causal)[0]
     if is_causal and mask is None and bias is None and q.shape[-2] == k.shape[-2]:
         with _kernel(q, k):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, is_causal=True)
@@ -312,6 +343,11 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"x must have shape (batch, seq_len, {self.d_model}), got {tuple(x.shape)}")
         if memory is not None and (memory.dim() != 3 or memory.shape[-1] != self.d_model):
             raise ValueError(f"memory must have shape (batch, src_len, {self.d_model}), got {tuple(memory.shape)}")
+        if memory is not None and x.shape[0] % memory.shape[0]:
+            raise ValueError(
+                f"x has {x.shape[0]} rows and memory {memory.shape[0]}: each memory row serves a whole "
+                "number of consecutive rows of x (its beams); pass as many memory rows as x rows or a divisor"
+            )
         B, n, _ = x.shape
         q = self._split(self.w_q(x), self.d_k)  # (B, n, d_model) -> (B, H, n, d_k)
         if cache is not None and cache.static and cache.k is not None:
@@ -325,12 +361,26 @@ class MultiHeadAttention(nn.Module):
                 q, k = self.rotary(q, offset), self.rotary(k, offset)
             if cache is not None:
                 k, v = cache.update(k, v)
+        # The g = B / B_m rows of x that share a memory row (an example's beams) attend to it as
+        # g·n queries of one row: its keys and values are computed and read once, not g times.
+        g = B // k.shape[0]
+        if g > 1:  # (B, H, n, d_k) -> (B_m, H, g·n, d_k)
+            q = q.reshape(-1, g, self.n_heads, n, self.d_k).transpose(1, 2).reshape(-1, self.n_heads, g * n, self.d_k)
         dropout_p = self.dropout if self.training else 0.0
         weights = None
         if return_weights:
             heads, weights = attention_math(q, k, v, mask, self.scale, dropout_p, position_bias, is_causal)
+            weights = _ungroup(weights, g)  # (B, H, n, m)
         else:
             heads = attention_fused(q, k, v, mask, self.scale, dropout_p, position_bias, is_causal)
         # (B, H, n, d_v) -> (B, n, H·d_v)
-        concat = heads.transpose(1, 2).reshape(B, n, self.n_heads * self.d_v)
+        concat = _ungroup(heads, g).transpose(1, 2).reshape(B, n, self.n_heads * self.d_v)
         return self.w_o(concat), weights
+
+
+def _ungroup(t: Tensor, g: int) -> Tensor:
+    """(B_m, H, g·n, d) -> (B_m·g, H, n, d): the g query groups back to their own rows."""
+    if g == 1:
+        return t
+    B_m, H, gn, d = t.shape
+    return t.reshape(B_m, H, g, gn // g, d).transpose(1, 2).reshape(B_m * g, H, gn // g, d)

@@ -28,6 +28,7 @@ class KVCache:
         self._k: Tensor | None = None  # (B, H, capacity, d_k)
         self._v: Tensor | None = None  # (B, H, capacity, d_v)
         self._length = 0
+        self._spare: dict[str, Tensor] = {}  # the second buffer of each, once reordered
 
     @property
     def k(self) -> Tensor | None:
@@ -48,8 +49,9 @@ class KVCache:
         """Add the new ``k``, ``v`` (B, H, t, d); return all cached keys and values."""
         t = k.shape[-2]
         if self.static:
-            self._k, self._v, self._length = k, v, t
-            return k, v
+            # Stored contiguous: read at every step, a strided view would be copied every time.
+            self._k, self._v, self._length = k.contiguous(), v.contiguous(), t
+            return self._k, self._v
         if self._k is None or self._length + t > self._k.shape[-2]:
             self._grow(k, v, max(self._length + t, 2 * self._length, self.capacity))
         self._k[..., self._length : self._length + t, :] = k
@@ -58,6 +60,7 @@ class KVCache:
         return self.k, self.v
 
     def _grow(self, k: Tensor, v: Tensor, size: int) -> None:
+        self._spare.clear()
         new_k = k.new_empty(*k.shape[:-2], size, k.shape[-1])  # (B, H, size, d_k)
         new_v = v.new_empty(*v.shape[:-2], size, v.shape[-1])
         if self._k is not None:
@@ -66,10 +69,24 @@ class KVCache:
         self._k, self._v = new_k, new_v
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search re-ranking its hypotheses)."""
-        if self._k is not None:
-            self._k = self._k.index_select(0, index)
-            self._v = self._v.index_select(0, index)
+        """Keep batch rows ``index`` (beam search re-ranking its hypotheses, finished rows
+        dropped). Only the filled positions are copied, not the whole buffer."""
+        if self._k is None:
+            return
+        if self.static:
+            self._k, self._v = self._k.index_select(0, index), self._v.index_select(0, index)
+            return
+        filled = self._length
+        for name in ("_k", "_v"):
+            old: Tensor = getattr(self, name)
+            # The other buffer of a pair: beam search reorders at every step, and a fresh
+            # buffer of the full capacity costs more to allocate than the filled part to copy.
+            new = self._spare.pop(name, None)
+            if new is None or new.shape[0] != index.shape[0]:
+                new = old.new_empty(index.shape[0], *old.shape[1:])  # (N', H, capacity, d)
+            new[..., :filled, :] = old[..., :filled, :].index_select(0, index)
+            setattr(self, name, new)
+            self._spare[name] = old
 
 
 class DecoderCache:
@@ -86,10 +103,13 @@ class DecoderCache:
         """Number of target positions already processed."""
         return len(self.self_attn[0]) if self.self_attn else 0
 
-    def reorder(self, index: Tensor, cross_attention: bool = True) -> None:
-        """Keep batch rows ``index``. ``cross_attention=False`` leaves the memory's keys and
-        values alone: right when ``index`` only permutes rows that share a source (beams)."""
-        caches = (*self.self_attn, *self.cross_attn) if cross_attention else self.self_attn
-        for cache in caches:
-            if cache is not None:
-                cache.reorder(index)
+    def reorder(self, index: Tensor, memory_rows: Tensor | None = None) -> None:
+        """Keep target rows ``index`` (N',) and, when given, memory rows ``memory_rows``. The
+        memory's keys and values are left alone without it: right when ``index`` only permutes
+        rows that share a memory row (an example's beams)."""
+        for cache in self.self_attn:
+            cache.reorder(index)
+        if memory_rows is not None:
+            for cross in self.cross_attn:
+                if cross is not None:
+                    cross.reorder(memory_rows)

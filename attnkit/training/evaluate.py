@@ -15,6 +15,7 @@ from attnkit.config import RunConfig
 from attnkit.data.batching import TokenBatches
 from attnkit.data.prepare import cost
 from attnkit.data.tokenizer import decode
+from attnkit.generation.batches import length_sorted, pad_right
 from attnkit.models.core import Model
 from attnkit.objectives.base import IGNORE_INDEX, Objective
 
@@ -59,21 +60,27 @@ def evaluate(
     return result
 
 
+# A translation stops at its source length + this many tokens (the paper's, section 6.1).
+SOURCE_LENGTH_OFFSET = 50
+
+
 def translate_ids(
     model: Model, sources: Sequence[Sequence[int]], batch_size: int = 32, **options: Any
 ) -> list[list[int]]:
-    """Decode token-id sources (without their end token) in batches; returns the new ids of each."""
+    """Decode token-id sources (without their end token) in batches of similar length; returns
+    the new ids of each, in the order of ``sources``."""
     eos, pad = model.config.eos_token_id, model.config.pad_token_id
     device = next(model.parameters()).device
-    outputs: list[list[int]] = []
-    for start in range(0, len(sources), batch_size):
-        chunk = [[*s, eos] for s in sources[start : start + batch_size]]  # as the objective trained them
-        width = max(map(len, chunk))
-        ids = torch.tensor([s + [pad] * (width - len(s)) for s in chunk], device=device)
-        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in chunk], device=device)
-        out = model.generate(ids, mask, max_new_tokens=width + 50, source_length_offset=50, **options)
-        for row in out[:, 1:].tolist():  # drop the start token
-            outputs.append(row[: row.index(eos)] if eos in row else row)
+    outputs: list[list[int]] = [[] for _ in sources]
+    for batch in length_sorted([len(s) for s in sources], batch_size):
+        ids, mask = pad_right([[*sources[i], eos] for i in batch], pad, device)  # + eos, as the objective trained
+        out = model.generate(
+            ids, mask, max_new_tokens=ids.shape[1] + SOURCE_LENGTH_OFFSET, source_length_offset=SOURCE_LENGTH_OFFSET,
+            **options,
+        )  # fmt: skip
+        for i, row in zip(batch, out[:, 1:].tolist(), strict=True):  # drop the start token
+            row = row[: len(sources[i]) + 1 + SOURCE_LENGTH_OFFSET]  # its own cap, not the batch's
+            outputs[i] = row[: row.index(eos)] if eos in row else row
     return outputs
 
 

@@ -39,10 +39,11 @@ class ScriptedModel:
     def __init__(self, table: Table, batch: int, k: int) -> None:
         self.table, self.k = table, k
         self.prefixes: list[tuple[int, ...]] = [() for _ in range(batch * k)]
+        self.examples = [row // k for row in range(batch * k)]  # the example of each row
         self.fed: list[tuple[int, ...]] = []  # every prefix a row has been extended to
 
     def _logits(self) -> torch.Tensor:
-        return torch.tensor([self.table(row // self.k, p) for row, p in enumerate(self.prefixes)])
+        return torch.tensor([self.table(e, p) for e, p in zip(self.examples, self.prefixes, strict=True)])
 
     def start(self) -> torch.Tensor:
         return self._logits()
@@ -53,9 +54,13 @@ class ScriptedModel:
         return self._logits()
 
     def reorder(self, index: torch.Tensor) -> None:
+        """Keep rows ``index``: each group of k new rows comes from one example (dropped
+        examples leave no row)."""
         index = index.tolist()
-        assert all(i // self.k == row // self.k for row, i in enumerate(index)), "a beam moved to another example"
+        groups = [index[j : j + self.k] for j in range(0, len(index), self.k)]
+        assert all(len({self.examples[i] for i in g}) == 1 for g in groups), "a beam moved to another example"
         self.prefixes = [self.prefixes[i] for i in index]
+        self.examples = [self.examples[i] for i in index]
 
 
 def run(model: object, k: int, max_new_tokens: int, eos: int | None, pad: int, **options: object) -> torch.Tensor:
