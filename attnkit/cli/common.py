@@ -38,7 +38,9 @@ def load_for(directory: str, command: str, weights: str = "fp32") -> Model:
     """The model of ``directory`` in ``weights`` format, refused with a pointer to the right
     command when its family does not fit ``command``."""
     import attnkit
+    from attnkit.machine import keep_freed_memory
 
+    keep_freed_memory()  # this process decodes: reuse its large blocks (see keep_freed_memory)
     model = attnkit.from_pretrained(directory, weights=weights)
     cfg = model.config
     if cfg.family == "bert":

@@ -28,9 +28,9 @@ class IncrementalModel:
         self.model, self.copies = model, copies
         self.encoder_decoder = model.config.is_encoder_decoder
         prompt = 1 if self.encoder_decoder else input_ids.shape[1]
-        # Room for up to 256 new tokens at once (no regrowth while decoding the usual requests);
-        # a longer one grows the cache by doubling, as far as it really decodes.
-        self.cache = model.decoder.new_cache(capacity=prompt + min(max_new_tokens, 256))
+        # Room for 32 new tokens, then the cache doubles as far as the decode really goes: a step
+        # attends over the whole buffer (KVCache.whole), so it is kept within twice what is filled.
+        self.cache = model.decoder.new_cache(capacity=prompt + min(max_new_tokens, 32))
         rows = input_ids.shape[0] * copies
         self.key_mask: Tensor | None = None
         if isinstance(model, EncoderDecoderModel):

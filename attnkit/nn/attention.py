@@ -361,6 +361,8 @@ class MultiHeadAttention(nn.Module):
                 q, k = self.rotary(q, offset), self.rotary(k, offset)
             if cache is not None:
                 k, v = cache.update(k, v)
+                if n == 1 and not cache.static and not return_weights and _matmuls_win(q):  # a step: KVCache.whole
+                    k, v, mask, position_bias = cache.whole(mask, position_bias)
         # The g = B / B_m rows of x that share a memory row (an example's beams) attend to it as
         # g·n queries of one row: its keys and values are computed and read once, not g times.
         g = B // k.shape[0]

@@ -146,3 +146,21 @@ def test_length_sorted_translation_keeps_the_input_order(num_beams: int) -> None
     got = translate_ids(model, sources, batch_size=3, num_beams=num_beams)
     alone = [translate_ids(model, [s], batch_size=1, num_beams=num_beams)[0] for s in sources]
     assert got == alone
+
+
+@torch.no_grad()
+def test_a_decoding_step_over_the_whole_buffer_equals_the_filled_part() -> None:
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(32, 4).eval()
+    x = torch.randn(20, 6, 32)  # 20 rows x 4 heads: the matmul path
+    cache = KVCache(capacity=4)  # grows 4 -> 8 while 6 positions are fed
+    for t in range(5):
+        attention(x[:, t : t + 1], cache=cache, is_causal=True)
+    cache.reorder(torch.arange(19, -1, -1))  # a reorder moves rows into the second buffer
+    for buffer in (cache._k, cache._v):  # unfilled positions are read (masked): zeros, never garbage or NaN
+        assert buffer.shape[2] == 8 and (buffer[:, :, 5:] == 0).all()
+    mask = torch.rand(20, 1, 1, 6, generator=torch.Generator().manual_seed(1)) > 0.2
+    mask[..., -1] = True
+    step, _ = attention(x.flip(0)[:, 5:6], mask=mask, cache=cache, is_causal=True)
+    full, _ = attention(x.flip(0), mask=mask.expand(20, 1, 6, 6), is_causal=True)
+    assert_close(step, full[:, 5:6], atol=1e-5, rtol=1e-5)
