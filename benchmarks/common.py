@@ -70,6 +70,21 @@ def compare(
     return result
 
 
+def round_robin(calls: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds per call of each of several systems, timed in turn within every repeat (so a
+    drift in machine load hits them all alike); for side-by-side tables of more than two."""
+    for _ in range(warmup):
+        for call in calls.values():
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
 def add_mfu(result: Comparison, flops_per_unit: float, peak: float) -> Comparison:
     """Model FLOPs utilisation of both sides: achieved model FLOP/s over the measured peak."""
     result.notes["attnkit MFU"] = flops_per_unit * result.rate(result.ours) / peak

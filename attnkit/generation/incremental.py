@@ -30,7 +30,7 @@ class IncrementalModel:
         prompt = 1 if self.encoder_decoder else input_ids.shape[1]
         # Room for 32 new tokens, then the cache doubles as far as the decode really goes: a step
         # attends over the whole buffer (KVCache.whole), so it is kept within twice what is filled.
-        self.cache = model.decoder.new_cache(capacity=prompt + min(max_new_tokens, 32))
+        self.cache = model.decoder.new_cache(capacity=prompt + min(max_new_tokens, 32), groups=copies)
         rows = input_ids.shape[0] * copies
         self.key_mask: Tensor | None = None
         if isinstance(model, EncoderDecoderModel):

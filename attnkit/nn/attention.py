@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnkit.nn.cache import KVCache
+from attnkit.nn.cache import BeamKVCache, KVCache
 from attnkit.nn.masks import causal_mask
 from attnkit.nn.positional import RotaryEmbedding
 
@@ -326,7 +326,7 @@ class MultiHeadAttention(nn.Module):
         memory: Tensor | None = None,
         mask: Tensor | None = None,
         position_bias: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | BeamKVCache | None = None,
         return_weights: bool = False,
         is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
@@ -360,9 +360,10 @@ class MultiHeadAttention(nn.Module):
                 offset = len(cache) if cache is not None else 0
                 q, k = self.rotary(q, offset), self.rotary(k, offset)
             if cache is not None:
-                k, v = cache.update(k, v)
-                if n == 1 and not cache.static and not return_weights and _matmuls_win(q):  # a step: KVCache.whole
-                    k, v, mask, position_bias = cache.whole(mask, position_bias)
+                step = n == 1 and not cache.static and not return_weights and _matmuls_win(q)  # see KVCache.whole
+                k, v, mask, position_bias = cache.attend(k, v, mask, position_bias, whole=step)
+                if n == 1:  # one new position attends every cached one: the masks above say which
+                    is_causal = False
         # The g = B / B_m rows of x that share a memory row (an example's beams) attend to it as
         # g·n queries of one row: its keys and values are computed and read once, not g times.
         g = B // k.shape[0]

@@ -61,6 +61,15 @@ class KVCache:
         self._length += t
         return self.k, self.v
 
+    def attend(
+        self, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, whole: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """Add the new ``k``, ``v`` (B, H, t, d) and return what the queries attend to: keys,
+        values, ``mask`` and ``bias``; the filled part, or with ``whole`` (a decoding step, see
+        :meth:`whole`) the whole buffers."""
+        k, v = self.update(k, v)
+        return self.whole(mask, bias) if whole else (k, v, mask, bias)
+
     def whole(self, mask: Tensor | None, bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """The whole buffers (B, H, capacity, d) as keys and values, with ``mask`` and ``bias``
         (over the filled positions) widened to the capacity, the unfilled positions masked out.
@@ -109,12 +118,147 @@ class KVCache:
             self._spare[name] = old
 
 
+class BeamHistory:
+    """Which earlier entries each beam descends from, shared by the layers of a decoder.
+
+    ``origin[b, i, t] = j``: the key and value of beam i of example b at time t are in the
+    slot of beam j. Beam search re-ranks by gathering this small integer table (B, k, T)
+    instead of copying every layer's keys and values (the index history)."""
+
+    def __init__(self, groups: int) -> None:
+        self.groups = groups
+        self.origin: Tensor | None = None  # (B, k, capacity) long
+        self._stamped = -1  # the last time whose slots were stamped as each beam's own
+        self._masks: dict[tuple[int, int], Tensor] = {}  # (capacity, filled) -> ancestry mask
+
+    def start(self, batch: int, length: int, capacity: int, device: torch.device) -> None:
+        """The prompt (or start token): every beam of an example holds the same, each its own copy."""
+        own = torch.arange(self.groups, device=device)[None, :, None]  # (1, k, 1)
+        self.origin = own.expand(batch, self.groups, max(capacity, length)).contiguous()
+        self._stamped, self._masks = length - 1, {}
+
+    def stamp(self, t: int) -> None:
+        """Time ``t`` is being written: each beam's own entry is in its own slot."""
+        if t == self._stamped or self.origin is None:
+            return
+        if t >= self.origin.shape[2]:
+            grown = self.origin.new_zeros(*self.origin.shape[:2], 2 * self.origin.shape[2])
+            grown[..., : self.origin.shape[2]] = self.origin
+            self.origin = grown
+        self.origin[:, :, t] = torch.arange(self.groups, device=self.origin.device)
+        self._stamped, self._masks = t, {}
+
+    def reorder(self, parents: Tensor, examples: Tensor | None) -> None:
+        """New beam i of each example continues its old beam ``parents[b, i]`` (B', k); with
+        ``examples`` (B',) only those examples remain."""
+        if self.origin is None:
+            return
+        origin = self.origin if examples is None else self.origin.index_select(0, examples)
+        self.origin = origin.gather(1, parents[:, :, None].expand(-1, -1, origin.shape[2]))
+        self._masks = {}
+
+    def mask(self, capacity: int, filled: int) -> Tensor:
+        """(B, 1, k, capacity·k) bool: query beam i may attend the slot (t, j) of an ancestor."""
+        key = (capacity, filled)
+        if key not in self._masks:
+            assert self.origin is not None
+            g = self.groups
+            slots = torch.arange(g, device=self.origin.device)
+            ancestry = self.origin[:, :, :capacity, None] == slots  # (B, k, capacity, k)
+            ancestry &= (torch.arange(capacity, device=slots.device) < filled)[:, None]
+            self._masks = {key: ancestry.view(ancestry.shape[0], 1, g, capacity * g)}
+        return self._masks[key]
+
+
+class BeamKVCache:
+    """The keys and values of one self-attention module during beam search, k beams per
+    example stored side by side: ``(B, H, capacity·k, d)``, time-major, the slot of beam j at
+    time t at position t·k + j.
+
+    A step writes each beam's new entry in its own slot and never moves an earlier one: the
+    :class:`BeamHistory` says which slots are a beam's ancestors, as a mask. The k beams of an
+    example then attend as k queries of one row to one dense buffer (grouped, as
+    cross-attention groups them over a shared memory), so re-ranking copies nothing.
+    """
+
+    static = False
+
+    def __init__(self, history: BeamHistory, capacity: int = 64) -> None:
+        self.history, self.capacity = history, capacity
+        self._k: Tensor | None = None  # (B, H, capacity·k, d_k)
+        self._v: Tensor | None = None
+        self._length = 0
+
+    def __len__(self) -> int:
+        return self._length
+
+    def attend(
+        self, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, whole: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """Write the new ``k``, ``v`` (B·k, H, t, d); return the keys, values, mask and bias
+        the queries attend to. The first call (the prompt or start token) attends to its own
+        keys as usual; after it, one position per step: the whole buffer (B, H, capacity·k, d)
+        with the ancestry mask, ``mask`` (key padding, (B·k, 1, 1, filled)) and ``bias``
+        (1, H, 1, filled) laid out over the slots."""
+        g = self.history.groups
+        N, H, t, _ = k.shape
+        B = N // g
+        if self._length == 0:
+            capacity = max(self.capacity, t)
+            self._k, self._v = (x.new_zeros(B, H, capacity * g, x.shape[-1]) for x in (k, v))
+            for buffer, new in ((self._k, k), (self._v, v)):
+                # (B·k, H, t, d) -> (B, H, t, k, d): slot t·k + j
+                buffer.view(B, H, capacity, g, -1)[:, :, :t] = new.reshape(B, g, H, t, -1).permute(0, 2, 3, 1, 4)
+            self._length = t
+            self.history.start(B, t, capacity, k.device)
+            return k, v, mask, bias
+        if t != 1:
+            raise ValueError(f"a beam search cache takes one new position per step, got {t}")
+        assert self._k is not None and self._v is not None
+        capacity, filled = self._k.shape[2] // g, self._length
+        if filled == capacity:
+            self._grow(2 * capacity)
+            capacity *= 2
+        self.history.stamp(filled)
+        for buffer, new in ((self._k, k), (self._v, v)):
+            buffer.view(B, H, capacity, g, -1)[:, :, filled] = new.reshape(B, g, H, -1).transpose(1, 2)
+        self._length = filled = filled + 1
+        attend = self.history.mask(capacity, filled)  # (B, 1, k, capacity·k)
+        if mask is not None:  # an example's beams share their prompt's padding: take beam 0's
+            example = mask[::g].reshape(B, 1, 1, filled, 1).expand(-1, -1, -1, -1, g)
+            attend = attend & F.pad(example.reshape(B, 1, 1, filled * g), (0, (capacity - filled) * g), value=False)
+        if bias is not None:
+            bias = F.pad(bias.repeat_interleave(g, dim=-1), (0, (capacity - filled) * g))
+        return self._k, self._v, attend, bias
+
+    def _grow(self, capacity: int) -> None:
+        assert self._k is not None and self._v is not None
+        filled = self._length * self.history.groups
+        for name in ("_k", "_v"):
+            old: Tensor = getattr(self, name)
+            new = old.new_zeros(*old.shape[:2], capacity * self.history.groups, old.shape[-1])
+            new[:, :, :filled] = old[:, :, :filled]
+            setattr(self, name, new)
+
+    def select(self, examples: Tensor) -> None:
+        """Keep the examples ``examples`` (B',): the others are done."""
+        if self._k is not None and self._v is not None:
+            self._k, self._v = self._k.index_select(0, examples), self._v.index_select(0, examples)
+
+
 class DecoderCache:
     """The caches of a decoder stack: one self-attention and (optionally) one cross-attention
-    :class:`KVCache` per layer."""
+    :class:`KVCache` per layer. ``groups`` > 1 (beam search with that many beams per
+    example): the self-attention caches are :class:`BeamKVCache`, re-ranked by one shared
+    :class:`BeamHistory`."""
 
-    def __init__(self, n_layers: int, cross_attention: bool, capacity: int = 64) -> None:
-        self.self_attn = [KVCache(capacity=capacity) for _ in range(n_layers)]
+    def __init__(self, n_layers: int, cross_attention: bool, capacity: int = 64, groups: int = 1) -> None:
+        self.groups = groups
+        self.history = BeamHistory(groups) if groups > 1 else None
+        self.self_attn: list[KVCache | BeamKVCache] = [
+            KVCache(capacity=capacity) if self.history is None else BeamKVCache(self.history, capacity)
+            for _ in range(n_layers)
+        ]
         self.cross_attn: list[KVCache | None] = [
             KVCache(static=True) if cross_attention else None for _ in range(n_layers)
         ]
@@ -127,8 +271,18 @@ class DecoderCache:
         """Keep target rows ``index`` (N',) and, when given, memory rows ``memory_rows``. The
         memory's keys and values are left alone without it: right when ``index`` only permutes
         rows that share a memory row (an example's beams)."""
-        for cache in self.self_attn:
-            cache.reorder(index)
+        if self.history is not None:  # beams: re-rank through the history, drop whole examples
+            g = self.groups
+            rows = index.view(-1, g)  # (B', k): an example's new beams come from its old ones
+            examples = rows[:, 0] // g
+            dropped = examples.shape[0] != self.history.origin.shape[0] if self.history.origin is not None else False
+            for beams in self.self_attn:
+                if dropped:
+                    beams.select(examples)  # type: ignore[union-attr]
+            self.history.reorder(rows - examples[:, None] * g, examples if dropped else None)
+        else:
+            for cache in self.self_attn:
+                cache.reorder(index)  # type: ignore[union-attr]
         if memory_rows is not None:
             for cross in self.cross_attn:
                 if cross is not None:

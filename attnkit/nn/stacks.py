@@ -62,10 +62,11 @@ class Decoder(nn.Module):
     def cross_attention(self) -> bool:
         return any(layer.cross_attn is not None for layer in self.layers)
 
-    def new_cache(self, capacity: int = 64) -> DecoderCache:
+    def new_cache(self, capacity: int = 64, groups: int = 1) -> DecoderCache:
         """An empty cache for incremental decoding with this stack; ``capacity`` positions are
-        allocated up front (the buffers double when a longer sequence needs more)."""
-        return DecoderCache(len(self.layers), self.cross_attention, capacity)
+        allocated up front (the buffers double when a longer sequence needs more); ``groups``
+        beams per example for beam search (:class:`~attnkit.nn.cache.BeamKVCache`)."""
+        return DecoderCache(len(self.layers), self.cross_attention, capacity, groups)
 
     def forward(
         self,

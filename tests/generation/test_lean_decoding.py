@@ -14,7 +14,7 @@ import attnkit
 from attnkit.generation import incremental
 from attnkit.generation.batches import length_sorted, pad_right
 from attnkit.machine import native_bf16
-from attnkit.nn import KVCache, MultiHeadAttention
+from attnkit.nn import DecoderCache, KVCache, MultiHeadAttention, padding_mask
 from attnkit.nn.attention import _matmuls_win, attention_fused
 from attnkit.training.evaluate import translate_ids
 
@@ -164,3 +164,38 @@ def test_a_decoding_step_over_the_whole_buffer_equals_the_filled_part() -> None:
     step, _ = attention(x.flip(0)[:, 5:6], mask=mask, cache=cache, is_causal=True)
     full, _ = attention(x.flip(0), mask=mask.expand(20, 1, 6, 6), is_causal=True)
     assert_close(step, full[:, 5:6], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@torch.no_grad()
+def test_beam_cache_reranks_by_its_history_as_copying_the_cache_would(padded: bool) -> None:
+    """BeamKVCache (slots side by side, an ancestry mask) against KVCache reordered by copying,
+    through prompt, steps, re-rankings and a dropped example, with key padding and a bias."""
+    torch.manual_seed(0)
+    B, k, H, d, P = 3, 4, 4, 8, 3
+    attention = MultiHeadAttention(H * d, H).eval()
+    beams, plain = DecoderCache(1, False, capacity=2, groups=k), DecoderCache(1, False, capacity=2)
+    prompt = torch.randn(B, P, H * d).repeat_interleave(k, dim=0)  # an example's beams share its prompt
+    real = torch.ones(B * k, P + 6, dtype=torch.bool)
+    if padded:
+        real[:k, :1] = False  # example 0's prompt is left-padded
+    g = torch.Generator().manual_seed(5)
+    rows = B * k
+    for t in range(6):
+        x = prompt if t == 0 else torch.randn(rows, 1, H * d, generator=g)
+        seen = P + t
+        mask = padding_mask(real[:rows, :seen])
+        bias = torch.randn(1, H, x.shape[1], seen, generator=g)
+        got = attention(x, mask=mask, position_bias=bias, cache=beams.self_attn[0], is_causal=True)[0]
+        want = attention(x, mask=mask, position_bias=bias, cache=plain.self_attn[0], is_causal=True)[0]
+        assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"step {t}")
+        examples = torch.arange(rows // k)
+        if t == 3:  # example 1 is done: its beams leave
+            examples = examples[examples != 1]
+            real = torch.cat([real[:k], real[2 * k :]])
+        parents = torch.randint(0, k, (examples.shape[0], k), generator=g)
+        index = (parents + examples[:, None] * k).view(-1)
+        beams.reorder(index)
+        plain.reorder(index)
+        rows = index.shape[0]
+    assert beams.self_attn[0]._k.shape[0] == 2  # one buffer row per remaining example, not per beam
