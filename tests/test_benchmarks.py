@@ -3,12 +3,16 @@ here, but the code that produces them — the GPU script's included, on the CPU 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from attnkit.machine import native_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
         ("attention", ["--small"]),
         ("gpu", ["--small", "--device", "cpu"]),
         ("startup", []),
-        ("decoding", ["--small"]),
     ],
 )
 def test_suite_runs_and_writes_json(suite: str, options: list[str], tmp_path: Path) -> None:
@@ -85,3 +88,24 @@ def test_trainspeed_runs_both_trees_in_turn(tmp_path: Path) -> None:
     assert set(numbers["median"]) == {"baseline", "this"} and numbers["ratio"] > 0
     assert all(0 < m < 1 for m in numbers["mfu"].values())
     assert "ratio: **" in result.stdout
+
+
+def test_decoding_reports_every_format_against_transformers_and_ctranslate2_or_why_not(tmp_path: Path) -> None:
+    out = tmp_path / "decoding.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "decoding", "--small", "--repeats", "1", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    numbers = json.loads(out.read_text())
+    rows = {(r["case"].rsplit(", ", 1)[1], r["peer_name"], r["case"].split(" ")[0]) for r in numbers["results"]}
+    formats = ["fp32", "bf16", "int8"] if native_bf16(torch.device("cpu")) else ["fp32"]
+    for fmt in formats:
+        for case in ("GPT-2", "Marian-shaped"):
+            assert (f"attnkit {fmt}", "transformers fp32", case) in rows
+            if importlib.util.find_spec("ctranslate2"):
+                assert (f"attnkit {fmt}", "CTranslate2 int8", case) in rows
+            else:
+                assert "not installed" in numbers["skipped"]["CTranslate2"]
+        assert numbers["floors"][fmt]["floor_ms"] > 0 and numbers["floors"][fmt]["ms_per_token"] > 0
+    assert all(t > 0 for r in numbers["results"] for t in (*r["ours"], *r["peer"]))
