@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 T = TypeVar("T")
 Family = Literal["transformer", "bert", "gpt", "t5"]
-Positional = Literal["sinusoidal", "sinusoidal-halves", "learned", "relative"]
+Positional = Literal["sinusoidal", "sinusoidal-halves", "learned", "relative", "rotary"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ class ModelConfig:
     n_layers: int = 6  # N: encoder layers, or the only stack's
     n_decoder_layers: int | None = None  # encoder-decoder only; None = n_layers
     d_k: int | None = None  # per-head width; None = d_model / n_heads (T5 sets it apart)
+    n_kv_heads: int | None = None  # key/value heads of self-attention (grouped-query, Llama); None = n_heads
+    rope_theta: float = 10000.0  # positional="rotary": θ_i = rope_theta^(-2i/d_k)
     dropout: float = 0.1  # on sub-layer outputs, embeddings and FFN hidden units
     attention_dropout: float | None = None  # on attention weights; None = dropout
     activation: Literal["relu", "gelu", "gelu_tanh", "silu"] = "relu"
@@ -84,6 +86,12 @@ class ModelConfig:
             raise ValueError(f"eps ({self.eps}) and init_std ({self.init_std}) must be positive")
         if self.positional.startswith("sinusoidal") and self.d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads):
+            raise ValueError(
+                f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}); use a divisor, or null"
+            )
+        if self.positional == "rotary" and ((self.d_k or self.d_model // self.n_heads) % 2 or self.rope_theta <= 0):
+            raise ValueError(f"rotary positions need an even per-head width and rope_theta > 0, got {self.rope_theta}")
         if self.positional == "relative" and self.family != "t5":
             raise ValueError("positional='relative' is T5's; use 'sinusoidal' or 'learned' for " + self.family)
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
@@ -233,6 +241,19 @@ _GPT = dict(
     eos_token_id=50256,
     pad_token_id=50256,
 )
+# Llama (Touvron et al. 2023): a GPT with rotary positions, RMSNorm pre-LN, SwiGLU, no biases,
+# grouped-query attention.
+_LLAMA = dict(
+    family="gpt",
+    positional="rotary",
+    norm="rms",
+    norm_first=True,
+    activation="silu",
+    gated=True,
+    bias=False,
+    dropout=0.0,
+    eps=1e-5,
+)
 _T5 = dict(
     family="t5",
     positional="relative",
@@ -275,6 +296,34 @@ PRESETS: dict[str, dict[str, Any]] = {
         "bos_token_id": 0,
         "eos_token_id": 0,
         "pad_token_id": 0,
+    },
+    "llama-tiny": {
+        **_LLAMA,
+        "vocab_size": 1000,
+        "d_model": 64,
+        "d_ff": 160,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "n_layers": 2,
+        "max_len": 256,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    },
+    # HuggingFaceTB/SmolLM2-135M: 30 layers, d 576, 9 query / 3 key-value heads, SwiGLU 1536.
+    "smollm2-135m": {
+        **_LLAMA,
+        "vocab_size": 49152,
+        "d_model": 576,
+        "d_ff": 1536,
+        "n_heads": 9,
+        "n_kv_heads": 3,
+        "n_layers": 30,
+        "max_len": 8192,
+        "rope_theta": 100000.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 2,
     },
     "t5-small": {**_T5, "vocab_size": 32128, "d_model": 512, "d_ff": 2048, "n_heads": 8, "d_k": 64, "head_scale": True},
     "t5-tiny": {

@@ -69,7 +69,7 @@ class IncrementalModel:
         mask = None if self.key_mask is None else padding_mask(self.key_mask[:, :seen])  # (N, 1, 1, seen)
         positions, self.next_position = self.next_position, self.next_position + 1
         x = model.embeddings(tokens, position_ids=positions)
-        h = model.decoder(x, mask=mask, cache=self.cache)
+        h = model.decoder(x, mask=mask, cache=self.cache, positions=positions)
         return model.head(h, model.embeddings.token.weight)[:, -1]
 
     def _decode(self, tokens: Tensor) -> Tensor:

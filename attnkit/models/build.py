@@ -34,6 +34,8 @@ def layer_options(cfg: ModelConfig) -> dict[str, Any]:
         eps=cfg.eps,
         scale_scores=cfg.scale_scores,
         d_k=cfg.d_k,
+        n_kv_heads=cfg.n_kv_heads,
+        rotary_base=cfg.rope_theta if cfg.positional == "rotary" else None,
     )
 
 

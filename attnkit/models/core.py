@@ -254,7 +254,7 @@ class DecoderOnlyModel(Model):
         offset = len(cache) if cache is not None else 0
         mask = _key_mask(attention_mask, input_ids, "attention_mask", offset)
         x = self.embeddings(input_ids, offset, position_ids=position_ids)
-        h = self.decoder(x, mask=mask, cache=cache, record=record)
+        h = self.decoder(x, mask=mask, cache=cache, record=record, positions=position_ids)
         logits = self.head(h, self.embeddings.token.weight)
         return ModelOutput(h, logits, attentions={"decoder": record} if record is not None else {})
 

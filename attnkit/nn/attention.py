@@ -276,7 +276,10 @@ class MultiHeadAttention(nn.Module):
     Self-attention when ``memory`` is None, cross-attention on ``memory`` otherwise.
 
     Variants: ``bias=False`` (T5), ``scale_scores=False`` drops 1/√d_k (T5, whose
-    initialisation absorbs it), ``rotary`` rotates queries and keys (RoFormer).
+    initialisation absorbs it), ``rotary`` rotates queries and keys (RoFormer, Llama),
+    ``n_kv_heads`` < h shares each key/value head among h / n_kv_heads query heads
+    (grouped-query attention, Llama; 1 = multi-query): ``w_k``, ``w_v`` and the cache hold
+    only the n_kv_heads heads.
     """
 
     def __init__(
@@ -289,10 +292,17 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         scale_scores: bool = True,
         rotary: RotaryEmbedding | None = None,
+        n_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
         if d_model <= 0 or n_heads <= 0:
             raise ValueError(f"d_model ({d_model}) and n_heads ({n_heads}) must be positive")
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_kv_heads <= 0 or n_heads % n_kv_heads:
+            raise ValueError(
+                f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads}): each key/value head serves a whole "
+                "group of query heads"
+            )
         if d_k is None or d_v is None:
             if d_model % n_heads:
                 raise ValueError(
@@ -308,17 +318,18 @@ class MultiHeadAttention(nn.Module):
         if rotary is not None and rotary.dim != d_k:
             raise ValueError(f"rotary dim ({rotary.dim}) must equal d_k ({d_k})")
         self.d_model, self.n_heads, self.d_k, self.d_v = d_model, n_heads, d_k, d_v
+        self.n_kv_heads = n_kv_heads
         self.dropout = dropout
         self.scale = 1.0 / math.sqrt(d_k) if scale_scores else 1.0
         self.w_q = nn.Linear(d_model, n_heads * d_k, bias=bias)
-        self.w_k = nn.Linear(d_model, n_heads * d_k, bias=bias)
-        self.w_v = nn.Linear(d_model, n_heads * d_v, bias=bias)
+        self.w_k = nn.Linear(d_model, n_kv_heads * d_k, bias=bias)
+        self.w_v = nn.Linear(d_model, n_kv_heads * d_v, bias=bias)
         self.w_o = nn.Linear(n_heads * d_v, d_model, bias=bias)
         self.rotary = rotary
 
     def _split(self, x: Tensor, d: int) -> Tensor:
-        B, T, _ = x.shape
-        return x.view(B, T, self.n_heads, d).transpose(1, 2)  # (B, T, H·d) -> (B, H, T, d)
+        B, T, width = x.shape
+        return x.view(B, T, width // d, d).transpose(1, 2)  # (B, T, H·d) -> (B, H, T, d)
 
     def forward(
         self,
@@ -329,6 +340,7 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | BeamKVCache | None = None,
         return_weights: bool = False,
         is_causal: bool = False,
+        positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` (B, n, d_model) to itself or to ``memory`` (B, m, d_model).
 
@@ -336,8 +348,9 @@ class MultiHeadAttention(nn.Module):
         additive (1 or B, H, n, m). ``is_causal``: also apply the causal mask [eq:att-mask].
         ``cache``: a :class:`KVCache`; self-attention appends the new keys/values to it, a
         ``static`` cache (cross-attention) is filled from ``memory`` on the first call and
-        reused afterwards. Returns the output (B, n, d_model) and, when
-        ``return_weights``, the per-head weights (B, H, n, m).
+        reused afterwards. ``positions`` (B, n): where the rotary positions of the new
+        queries and keys are (default: after the cached ones). Returns the output
+        (B, n, d_model) and, when ``return_weights``, the per-head weights (B, H, n, m).
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (batch, seq_len, {self.d_model}), got {tuple(x.shape)}")
@@ -358,12 +371,16 @@ class MultiHeadAttention(nn.Module):
             v = self._split(self.w_v(source), self.d_v)  # (B, m, d_model) -> (B, H, m, d_v)
             if self.rotary is not None and memory is None:
                 offset = len(cache) if cache is not None else 0
-                q, k = self.rotary(q, offset), self.rotary(k, offset)
+                q, k = self.rotary(q, offset, positions), self.rotary(k, offset, positions)
             if cache is not None:
                 step = n == 1 and not cache.static and not return_weights and _matmuls_win(q)  # see KVCache.whole
                 k, v, mask, position_bias = cache.attend(k, v, mask, position_bias, whole=step)
                 if n == 1:  # one new position attends every cached one: the masks above say which
                     is_causal = False
+        if self.n_kv_heads != self.n_heads:  # (B, H_kv, m, d) -> (B, H, m, d): query head h reads kv head h // g
+            group = self.n_heads // self.n_kv_heads
+            k = k[:, :, None].expand(-1, -1, group, -1, -1).flatten(1, 2)
+            v = v[:, :, None].expand(-1, -1, group, -1, -1).flatten(1, 2)
         # The g = B / B_m rows of x that share a memory row (an example's beams) attend to it as
         # g·n queries of one row: its keys and values are computed and read once, not g times.
         g = B // k.shape[0]

@@ -15,9 +15,10 @@ from torch import Tensor, nn
 from typing_extensions import Unpack
 
 from attnkit.nn.attention import MultiHeadAttention
-from attnkit.nn.cache import KVCache
+from attnkit.nn.cache import BeamKVCache, KVCache
 from attnkit.nn.feedforward import Activation, FeedForward
 from attnkit.nn.norm import NormKind, make_norm
+from attnkit.nn.positional import RotaryEmbedding
 
 # Attention weights collected during a forward pass: {"self": [...], "cross": [...]},
 # one (B, H, n, m) tensor per layer, in layer order.
@@ -60,6 +61,8 @@ class LayerOptions(TypedDict, total=False):
     eps: float  # the norm's epsilon (BERT: 1e-12)
     scale_scores: bool  # False: no 1/√d_k (T5)
     d_k: int | None  # per-head width; None = d_model / n_heads
+    n_kv_heads: int | None  # grouped-query self-attention (Llama); None = n_heads
+    rotary_base: float | None  # rotary positions in self-attention, θ_i = base^(-2i/d) (Llama); None = none
 
 
 @dataclass(frozen=True)
@@ -79,10 +82,19 @@ class _Sublayers:
     eps: float = 1e-5
     scale_scores: bool = True
     d_k: int | None = None
+    n_kv_heads: int | None = None
+    rotary_base: float | None = None
 
-    def attention(self) -> MultiHeadAttention:
+    def attention(self, self_attention: bool = True) -> MultiHeadAttention:
+        """Self-attention (with the rotary positions and key/value heads, when set) or cross-attention."""
         dropout = self.dropout if self.attention_dropout is None else self.attention_dropout
-        return MultiHeadAttention(self.d_model, self.n_heads, self.d_k, self.d_k, dropout, self.bias, self.scale_scores)
+        rotary = None
+        if self_attention and self.rotary_base is not None:
+            rotary = RotaryEmbedding(self.d_k or self.d_model // self.n_heads, self.rotary_base, layout="halves")
+        return MultiHeadAttention(
+            self.d_model, self.n_heads, self.d_k, self.d_k, dropout, self.bias, self.scale_scores, rotary,
+            self.n_kv_heads if self_attention else None,
+        )  # fmt: skip
 
     def ffn(self) -> FeedForward:
         return FeedForward(self.d_model, self.d_ff, self.activation, self.gated, self.dropout, self.bias)
@@ -162,7 +174,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         parts = _Sublayers(d_model, n_heads, d_ff, dropout, **options)
         self.self_attn, self.add_norm_self = parts.attention(), parts.add_norm()
-        self.cross_attn = parts.attention() if cross_attention else None
+        self.cross_attn = parts.attention(self_attention=False) if cross_attention else None
         self.add_norm_cross = parts.add_norm() if cross_attention else None
         self.ffn, self.add_norm_ffn = parts.ffn(), parts.add_norm()
 
@@ -173,16 +185,18 @@ class DecoderLayer(nn.Module):
         mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
         position_bias: Tensor | None = None,
-        self_cache: KVCache | None = None,
+        self_cache: KVCache | BeamKVCache | None = None,
         cross_cache: KVCache | None = None,
         record: AttentionRecord | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """``x`` (B, n, d_model) new target positions; ``memory`` (B, m, d_model).
 
         Self-attention is always causal [eq:att-mask]; ``mask`` (bool, broadcastable to
         (B, H, n, n_cached + n)) adds to it, e.g. the target's key padding. ``memory_mask``
         broadcastable to (B, H, n, m). With caches, only the new positions are fed and the
-        earlier keys/values come from ``self_cache``.
+        earlier keys/values come from ``self_cache``. ``positions`` (B, n): the rotary
+        positions of the new ones, where the layer has rotary self-attention.
         """
         x = self.add_norm_self(
             x,
@@ -195,6 +209,7 @@ class DecoderLayer(nn.Module):
                 position_bias=position_bias,
                 cache=self_cache,
                 is_causal=True,
+                positions=positions,
             ),
         )
         if self.cross_attn is not None:

@@ -162,25 +162,36 @@ class RelativePositionBias(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding (RoFormer): rotate each (2i, 2i+1) pair of a query or key
+    """Rotary position embedding (RoFormer): rotate each pair of a query or key's components
     by pos·θ_i with θ_i = base^(-2i/d), the same angles as [eq:att-pe-sin].
 
     By the rotation argument of [prop:att-pe-linear], ⟨R(p)q, R(p')k⟩ depends only on p' - p.
+    ``layout``: which components pair up: ``"interleaved"`` (2i, 2i+1), RoFormer's and the
+    chapter's sin/cos order; ``"halves"`` (i, i + d/2), Llama's ``rotate_half``.
     """
 
-    def __init__(self, dim: int, base: float = 10000.0) -> None:
+    def __init__(self, dim: int, base: float = 10000.0, layout: str = "interleaved") -> None:
         super().__init__()
         if dim <= 0 or dim % 2:
             raise ValueError(f"rotary embeddings need an even dim > 0, got {dim}")
-        self.dim = dim
+        if layout not in ("interleaved", "halves"):
+            raise ValueError(f"rotary layout must be 'interleaved' or 'halves', got {layout!r}")
+        self.dim, self.layout = dim, layout
         self.register_buffer("inv_freq", _inverse_wavelengths(dim, base).float(), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """``x`` (..., T, dim) at positions offset .. offset + T - 1 -> rotated, same shape."""
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """``x`` (B, H, T, dim) at positions offset .. offset + T - 1, or at ``positions``
+        (B, T) when given (left-padded rows count from their first real token) -> rotated."""
         T = x.shape[-2]
-        pos = torch.arange(offset, offset + T, device=x.device, dtype=torch.float32)
-        angles = pos[:, None] * self.inv_freq  # (T, dim/2)
+        if positions is None:
+            pos = torch.arange(offset, offset + T, device=x.device, dtype=torch.float32)  # (T,)
+        else:
+            pos = positions.to(torch.float32)[:, None]  # (B, T) -> (B, 1, T): one row of angles per batch row
+        angles = pos[..., None] * self.inv_freq  # (..., T, dim/2)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        if self.layout == "halves":
+            first, second = x.chunk(2, dim=-1)  # (..., T, dim/2) each
+            return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
         pairs = x.unflatten(-1, (-1, 2))  # (..., T, dim) -> (..., T, dim/2, 2)
         even, odd = pairs[..., 0], pairs[..., 1]
         rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)

@@ -76,8 +76,9 @@ class Decoder(nn.Module):
         memory_mask: Tensor | None = None,
         cache: DecoderCache | None = None,
         record: AttentionRecord | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
-        """``x`` (B, n, d_model) -> (B, n, d_model).
+        """``x`` (B, n, d_model) -> (B, n, d_model). ``positions`` (B, n): rotary positions.
 
         ``mask``: key padding of the target, bool broadcastable to (B, 1, 1, n_cached + n);
         the layers add the causal mask [eq:att-mask]. ``memory_mask``: key padding of the source,
@@ -96,5 +97,6 @@ class Decoder(nn.Module):
                 self_cache=cache.self_attn[i] if cache is not None else None,
                 cross_cache=cache.cross_attn[i] if cache is not None else None,
                 record=record,
+                positions=positions,
             )
         return x if self.final_norm is None else self.final_norm(x)

@@ -171,8 +171,8 @@ def test_pickle_only_directory_is_refused_without_unpickling(tmp_path: Path) -> 
 
 def test_unknown_model_type_is_refused(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(ValueError, match="model_type 'llama'"):
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "mamba"}))
+    with pytest.raises(ValueError, match="model_type 'mamba'"):
         attnkit.from_pretrained(tmp_path / "m")
 
 

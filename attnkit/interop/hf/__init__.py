@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from attnkit.interop.hf import bert, gpt2, marian, t5
+from attnkit.config import ModelConfig
+from attnkit.interop.hf import bert, gpt2, llama, marian, t5
 from attnkit.models import build_loaded
 from attnkit.models.io import (
     CONFIG,
@@ -30,8 +31,15 @@ from attnkit.models.io import (
     write_directory,
 )
 
-CONVERTERS: dict[str, ModuleType] = {"gpt2": gpt2, "bert": bert, "t5": t5, "marian": marian}
+CONVERTERS: dict[str, ModuleType] = {"gpt2": gpt2, "llama": llama, "bert": bert, "t5": t5, "marian": marian}
 EXPORTS: dict[str, ModuleType] = {"gpt": gpt2, "bert": bert, "t5": t5, "transformer": marian}
+
+
+def _exporter(config: ModelConfig) -> ModuleType:
+    """The converter a model exports with: its family's, Llama's for a GPT with rotary positions."""
+    if config.family == "gpt" and config.positional == "rotary":
+        return llama
+    return EXPORTS[config.family]
 
 
 def load_hf(directory: Path, data: dict[str, Any]) -> torch.nn.Module:
@@ -64,7 +72,7 @@ def export_hf(model: torch.nn.Module, path: str | Path, overwrite: bool = False)
     ``from_pretrained`` and that gives the same logits."""
     check_savable(model)
     config = model.config
-    converter = EXPORTS[config.family]
+    converter = _exporter(config)
     hf_config = converter.config_to_hf(config)
     tensors = converter.to_hf(dict(model.named_parameters()), config)
     files = {
