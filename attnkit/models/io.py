@@ -71,19 +71,65 @@ def _reject_constant(name: str) -> None:
 def refuse_pickles(directory: Path) -> None:
     """Raise if ``directory`` has pickled weights and no model.safetensors; pickles are never opened."""
     pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
-    if pickles and not (directory / WEIGHTS).exists():
+    if pickles and not (directory / WEIGHTS).exists() and not (directory / WEIGHTS_INDEX).exists():
         raise ValueError(
             f"{directory} holds only pickled weights ({', '.join(pickles)}), which attnkit never loads "
             f"(unpickling can run arbitrary code); {CONVERT_HINT}"
         )
 
 
+# A sharded checkpoint: the index maps each tensor to its shard (transformers' layout).
+WEIGHTS_INDEX = "model.safetensors.index.json"
+
+
 def read_safetensors(directory: Path) -> dict[str, Tensor]:
-    """All tensors of ``directory/model.safetensors``."""
+    """All tensors of ``directory/model.safetensors``, or of the shards its
+    ``model.safetensors.index.json`` names, each shard checked as a single file is, and every
+    tensor of the index found in its shard and nowhere else."""
     path = directory / WEIGHTS
+    index_path = directory / WEIGHTS_INDEX
+    if not path.exists() and index_path.exists():
+        return _read_shards(directory, index_path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: a model directory needs {WEIGHTS}")
+        raise FileNotFoundError(f"{path} not found: a model directory needs {WEIGHTS} (or {WEIGHTS_INDEX})")
     return load_safetensors(path)
+
+
+def _read_shards(directory: Path, index_path: Path) -> dict[str, Tensor]:
+    index = read_json(index_path)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{index_path}: needs a non-empty weight_map of tensor name -> shard file name")
+    tensors: dict[str, Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        shard_path = directory / shard
+        if Path(shard).name != shard or not shard_path.exists():
+            raise FileNotFoundError(f"{index_path} names the shard {shard!r}, which is not in {directory}")
+        found = load_safetensors(shard_path)
+        listed = {name for name, file in weight_map.items() if file == shard}
+        if set(found) != listed:
+            extra, missing = sorted(set(found) - listed), sorted(listed - set(found))
+            raise ValueError(
+                f"{shard_path} does not hold what {index_path.name} says: missing {missing[:3]}, unlisted {extra[:3]}"
+            )
+        tensors.update(found)
+    return tensors
+
+
+def shard(tensors: dict[str, Tensor], max_bytes: int) -> dict[str, dict[str, Tensor]]:
+    """Tensors split, in order, into shards of at most ``max_bytes`` each (a tensor larger
+    than that gets a shard of its own), named as ``transformers`` names them."""
+    groups: list[dict[str, Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if groups[-1] and size + nbytes > max_bytes:
+            groups.append({})
+            size = 0
+        groups[-1][name] = tensor
+        size += nbytes
+    n = len(groups)
+    return {f"model-{i + 1:05d}-of-{n:05d}.safetensors": group for i, group in enumerate(groups)}
 
 
 def load_safetensors(path: Path) -> dict[str, Tensor]:

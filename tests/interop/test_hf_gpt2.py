@@ -80,3 +80,31 @@ def test_gpt2_unsupported_option_is_refused(tmp_path: Path) -> None:
     hf.save_pretrained(tmp_path / "hf")
     with pytest.raises(ValueError, match="scale_attn_by_inverse_layer_idx"):
         attnkit.from_pretrained(tmp_path / "hf")
+
+
+def test_sharded_checkpoints_load_whole_and_export_sharded(tmp_path: Path) -> None:
+    """transformers' max_shard_size layout in (every shard checked) and out, equal logits."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=101, n_embd=32, n_head=4, n_layer=3, n_positions=40)
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    shards = sorted(p.name for p in (tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) > 2 and not (tmp_path / "sharded" / "model.safetensors").exists()
+    model = attnkit.from_pretrained(tmp_path / "sharded")
+    ids = torch.randint(0, 101, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert_close(model(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
+    attnkit.export_hf(model, tmp_path / "out", max_shard_bytes=20_000)
+    assert len(list((tmp_path / "out").glob("model-*-of-*.safetensors"))) > 2
+    back = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        assert_close(back(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
+    # A missing shard, and a shard that does not hold what the index says: one clear error each.
+    broken = tmp_path / "sharded"
+    (broken / shards[1]).rename(tmp_path / "away.safetensors")
+    with pytest.raises(FileNotFoundError, match=f"names the shard '{shards[1]}', which is not in"):
+        attnkit.from_pretrained(broken)
+    (tmp_path / "away.safetensors").rename(broken / shards[1])
+    (broken / shards[1]).write_bytes((broken / shards[0]).read_bytes())
+    with pytest.raises(ValueError, match=r"does not hold what model\.safetensors\.index\.json says"):
+        attnkit.from_pretrained(broken)

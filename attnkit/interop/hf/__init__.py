@@ -25,9 +25,11 @@ from attnkit.models.io import (
     CONFIG,
     TOKENIZER,
     WEIGHTS,
+    WEIGHTS_INDEX,
     attach_tokenizer,
     check_savable,
     read_safetensors,
+    shard,
     write_directory,
 )
 
@@ -67,18 +69,37 @@ def load_hf(directory: Path, data: dict[str, Any]) -> torch.nn.Module:
     return model.eval()
 
 
-def export_hf(model: torch.nn.Module, path: str | Path, overwrite: bool = False) -> None:
+# transformers' default max_shard_size (5 GB).
+MAX_SHARD_BYTES = 5 * 10**9
+
+
+def export_hf(
+    model: torch.nn.Module, path: str | Path, overwrite: bool = False, max_shard_bytes: int = MAX_SHARD_BYTES
+) -> None:
     """Write ``model`` as a Hugging Face directory that ``transformers`` loads with its
-    ``from_pretrained`` and that gives the same logits."""
+    ``from_pretrained`` and that gives the same logits; weights above ``max_shard_bytes``
+    are split into shards with a ``model.safetensors.index.json``, as ``transformers`` does."""
     check_savable(model)
+    if max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
     config = model.config
     converter = _exporter(config)
     hf_config = converter.config_to_hf(config)
-    tensors = converter.to_hf(dict(model.named_parameters()), config)
-    files = {
-        CONFIG: (json.dumps(hf_config, indent=2, sort_keys=True) + "\n").encode(),
-        WEIGHTS: {k: v.detach().clone().contiguous() for k, v in tensors.items()},
+    tensors = {
+        k: v.detach().clone().contiguous() for k, v in converter.to_hf(dict(model.named_parameters()), config).items()
     }
+    files: dict[str, bytes | dict[str, torch.Tensor]] = {
+        CONFIG: (json.dumps(hf_config, indent=2, sort_keys=True) + "\n").encode()
+    }
+    shards = shard(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        files[WEIGHTS] = tensors
+    else:
+        files.update(shards)
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        weight_map = {name: file for file, group in shards.items() for name in group}
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        files[WEIGHTS_INDEX] = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None:
         files[TOKENIZER] = tokenizer.to_str().encode()
