@@ -9,12 +9,29 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from attnkit.config import ModelConfig
+from attnkit.generation.constraints import bad_words, chain, forced
 from attnkit.generation.greedy import decode_one_path, filter_logits, sampler
 from attnkit.generation.incremental import IncrementalModel
 from attnkit.generation.ngrams import no_repeat_ngram
 from attnkit.models.core import Model, check_ids
 
 __all__ = ["IncrementalModel", "filter_logits", "generate"]
+
+
+def _new_tokens(cfg: ModelConfig, input_ids: Tensor, max_new_tokens: int | None, max_length: int | None) -> int:
+    """``max_new_tokens``, else what ``max_length`` leaves after the prompt (decoder-only) or
+    the start token (encoder-decoder), else 20."""
+    if max_new_tokens is not None:
+        return max_new_tokens
+    if max_length is None:
+        return 20
+    read = 1 if cfg.is_encoder_decoder else input_ids.shape[1]
+    if not isinstance(max_length, int) or max_length <= read:
+        raise ValueError(
+            f"max_length={max_length!r} leaves no room after the {read} tokens already read; pass max_new_tokens"
+        )
+    return max_length - read
 
 
 def _validate(
@@ -91,7 +108,7 @@ def generate(
     model: Model,
     input_ids: Tensor,
     attention_mask: Tensor | None = None,
-    max_new_tokens: int = 20,
+    max_new_tokens: int | None = None,
     num_beams: int = 1,
     length_penalty: float = 0.0,
     length_penalty_style: Literal["gnmt", "power"] = "gnmt",
@@ -100,11 +117,15 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
     seed: int | None = None,
     source_length_offset: int | None = None,
     no_repeat_ngram_size: int | None = None,
+    max_length: int | None = None,
+    forced_bos_token_id: int | None = None,
+    forced_eos_token_id: int | None = None,
+    bad_words_ids: list[list[int]] | None = None,
 ) -> Tensor:
     """Continue ``input_ids`` (decoder-only: returns prompt + continuation) or translate them
     (encoder–decoder: returns the decoder sequence, starting with its start token).
@@ -118,13 +139,30 @@ def generate(
     the offset. Decoder-only prompts may be left-padded (``attention_mask`` 0 on the left).
     ``no_repeat_ngram_size`` = n forbids any n-gram to occur twice in a row's sequence (prompt
     or start token included, as in ``transformers``), in every decoding mode.
+
+    The options of a checkpoint's ``generation_config.json`` come in through
+    :meth:`Model.generate`: ``max_length`` (prompt + continuation, or the decoder sequence with
+    its start token) where ``max_new_tokens`` is not given (default 20 new tokens);
+    ``eos_token_id`` may list several end tokens; ``forced_bos_token_id`` /
+    ``forced_eos_token_id`` force the first / last new token; ``bad_words_ids`` are never
+    completed.
     """
+    cfg = model.config
+    max_new_tokens = _new_tokens(cfg, input_ids, max_new_tokens, max_length)
+    ends = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
     _validate(
         model, input_ids, attention_mask, max_new_tokens, num_beams, length_penalty, length_penalty_style, do_sample,
-        temperature, top_k, top_p, source_length_offset, eos_token_id, pad_token_id, no_repeat_ngram_size,
+        temperature, top_k, top_p, source_length_offset, ends[0] if ends else None, pad_token_id,
+        no_repeat_ngram_size,
     )  # fmt: skip
-    cfg = model.config
-    eos = cfg.eos_token_id if eos_token_id is None else eos_token_id
+    words = [("bad_words_ids", i) for word in bad_words_ids or [] for i in word]
+    ids = [("forced_bos_token_id", forced_bos_token_id), ("forced_eos_token_id", forced_eos_token_id)]
+    for name, value in [*ids, *(("eos_token_id", e) for e in ends), *words]:
+        if value is not None and not (isinstance(value, int) and 0 <= value < cfg.vocab_size):
+            raise ValueError(f"{name} must hold token ids in [0, {cfg.vocab_size}), got {value!r}")
+    if not ends and cfg.eos_token_id is not None:
+        ends = [cfg.eos_token_id]
+    eos = torch.tensor(ends, dtype=torch.long, device=input_ids.device) if ends else None
     pad = cfg.pad_token_id if pad_token_id is None else pad_token_id
     budget = None
     if source_length_offset is not None:
@@ -135,9 +173,18 @@ def generate(
         )
         budget = (lengths + source_length_offset).clamp(min=1)
     incremental = IncrementalModel(model, input_ids, attention_mask, num_beams, max_new_tokens)
-    constraint = None
+    # In transformers' order: n-grams, bad words, forced first token, forced last token.
+    constraints = []
     if no_repeat_ngram_size is not None:  # n-grams over what the decoder reads: the prompt or the start token
-        constraint = no_repeat_ngram(no_repeat_ngram_size)
+        constraints.append(no_repeat_ngram(no_repeat_ngram_size))
+    if bad_words_ids:
+        constraints.append(bad_words(bad_words_ids))
+    read_before = incremental.prompt.shape[1]
+    if forced_bos_token_id is not None:
+        constraints.append(forced(forced_bos_token_id, 0, read_before))
+    if forced_eos_token_id is not None:
+        constraints.append(forced(forced_eos_token_id, max_new_tokens - 1, read_before))
+    constraint = chain(constraints)
     if num_beams > 1:
         from attnkit.generation.beam import beam_search
 

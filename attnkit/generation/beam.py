@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnkit.generation.greedy import EndTokens, is_end
 from attnkit.generation.incremental import IncrementalModel
 from attnkit.generation.ngrams import Constraint
 
@@ -86,7 +87,7 @@ def beam_search(
     model: IncrementalModel,
     num_beams: int,
     max_new_tokens: int,
-    eos_token_id: int | None,
+    eos_token_id: EndTokens,
     pad_token_id: int,
     length_penalty: float,
     length_penalty_style: str,
@@ -162,7 +163,7 @@ def beam_search(
 
         # 9: if y_t = EOS, the hypothesis ends; at the length cap, every candidate ends.
         at_cap = (last <= length)[:, None]  # (B, 1)
-        ends = at_cap if eos_token_id is None else at_cap | (cand_tokens == eos_token_id)  # (B, 2k) or (B, 1)
+        ends = at_cap if eos_token_id is None else at_cap | is_end(cand_tokens, eos_token_id)  # (B, 2k) or (B, 1)
         ends = ends.expand(B, n_candidates)
 
         # Finished: ending candidates among the first k, of examples still taking hypotheses.

@@ -14,6 +14,16 @@ from attnkit.generation.ngrams import Constraint
 Choose = Callable[[Tensor], Tensor]  # next-token logits (N, vocab) -> chosen tokens (N,)
 
 
+EndTokens = int | Tensor | None  # one end token, several (a (E,) tensor), or none
+
+
+def is_end(tokens: Tensor, eos: EndTokens) -> Tensor:
+    """Which of ``tokens`` are an end token (bool, same shape)."""
+    if eos is None:
+        return torch.zeros_like(tokens, dtype=torch.bool)
+    return tokens == eos if isinstance(eos, int) else torch.isin(tokens, eos)
+
+
 def argmax(logits: Tensor) -> Tensor:
     """Line 7 of [alg:att-decode]: argmax_v p_v. The softmax of line 6 is monotone, so the
     argmax of the logits is the argmax of p (no softmax is computed). bf16 logits are widened
@@ -29,7 +39,7 @@ DROP_FRACTION = 0.25
 def decode_one_path(
     model: IncrementalModel,
     max_new_tokens: int,
-    eos_token_id: int | None,
+    eos_token_id: EndTokens,
     pad_token_id: int,
     choose: Choose = argmax,
     budget: Tensor | None = None,
@@ -56,8 +66,7 @@ def decode_one_path(
         token = choose(logits)  # 7: y_t <- argmax_v p_v (or a sample)
         token = torch.where(finished, pad_token_id, token)
         out[rows, t] = token  # 8: append y_t to y
-        if eos_token_id is not None:
-            finished |= token == eos_token_id  # 9: if y_t = EOS, break
+        finished |= is_end(token, eos_token_id)  # 9: if y_t = EOS, break
         if budget is not None:
             finished |= budget[rows] <= t + 1
         done = int(finished.sum())

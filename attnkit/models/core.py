@@ -154,10 +154,15 @@ class Model(nn.Module):
         return embeddings.token.weight
 
     def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, **options: Any) -> Tensor:
-        """Greedy, beam or sampled decoding with the KV cache: see :func:`attnkit.generation.generate`."""
+        """Greedy, beam or sampled decoding with the KV cache: see :func:`attnkit.generation.generate`.
+        Options left out take the checkpoint's ``generation_config.json`` values
+        (``self.generation_defaults``), as ``transformers`` does."""
         from attnkit.generation import generate
 
-        return generate(self, input_ids, attention_mask, **options)
+        defaults: dict[str, Any] = getattr(self, "generation_defaults", None) or {}
+        if "max_new_tokens" in options:  # an explicit length wins over the file's max_length
+            defaults = {k: v for k, v in defaults.items() if k != "max_length"}
+        return generate(self, input_ids, attention_mask, **{**defaults, **options})
 
     def save_pretrained(self, path: str | Path, overwrite: bool = False) -> None:
         """Write attnkit's own directory: ``config.json`` and ``model.safetensors``."""

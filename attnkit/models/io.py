@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from attnkit.config import ModelConfig, from_dict
+from attnkit.models.generation_config import GENERATION_CONFIG, read_generation_config, write_generation_config
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -261,9 +262,11 @@ def copy_weights(model: torch.nn.Module, tensors: dict[str, Tensor]) -> None:
             p.copy_(tensors[name])
 
 
-def attach_tokenizer(model: torch.nn.Module, directory: Path) -> None:
+def attach_tokenizer(model: torch.nn.Module, directory: Path, hugging_face: bool = False) -> None:
     """Set ``model.tokenizer`` (a ``tokenizers.Tokenizer``) from ``directory/tokenizer.json``
-    where the directory has one, attnkit's or Hugging Face's."""
+    where the directory has one, attnkit's or Hugging Face's, and ``model.generation_defaults``
+    from its ``generation_config.json``."""
+    model.generation_defaults = read_generation_config(directory, hugging_face)
     path = directory / TOKENIZER
     if path.exists():
         from attnkit.data.tokenizer import load_tokenizer
@@ -336,6 +339,9 @@ def save_pretrained(model: torch.nn.Module, path: str | Path, overwrite: bool = 
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None:
         files[TOKENIZER] = tokenizer.to_str().encode()
+    defaults = getattr(model, "generation_defaults", None)
+    if defaults:
+        files[GENERATION_CONFIG] = write_generation_config(defaults)
     write_directory(path, files, overwrite)
 
 

@@ -59,7 +59,8 @@ def test_missing_source_is_one_line(tmp_path: Path) -> None:
     result = run("convert", str(tmp_path / "nope"), str(tmp_path / "dst"))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"attnkit: error: {tmp_path / 'nope'} is not a directory; pass a directory written by save_pretrained"
+        f"attnkit: error: {tmp_path / 'nope'} is not a directory; pass a directory written by save_pretrained "
+        "(or a .gguf file)"
     ]
     assert not (tmp_path / "dst").exists()
 

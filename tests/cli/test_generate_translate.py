@@ -418,5 +418,6 @@ def test_missing_model_directory_is_one_line(command: str, tmp_path: Path, capsy
     given = ["--ids", "1 2"] if command == "generate" else ["hello"]
     line = one_line_error(capsys, [command, "--model", str(tmp_path / "nope"), *given])
     assert (
-        line == f"attnkit: error: {tmp_path / 'nope'} is not a directory; pass a directory written by save_pretrained"
+        line == f"attnkit: error: {tmp_path / 'nope'} is not a directory; pass a directory written by save_pretrained "
+        "(or a .gguf file)"
     )

@@ -165,8 +165,12 @@ HF_BUILDERS = {
 
 
 def converted(hf: torch.nn.Module, path: Path) -> torch.nn.Module:
+    """The attnkit model of ``hf``, without the defaults of its generation_config.json (Marian's
+    forced end token): the comparisons here are of the search alone, as hf_greedy runs it."""
     hf.save_pretrained(path)
-    return attnkit.from_pretrained(path)
+    model = attnkit.from_pretrained(path)
+    model.generation_defaults = {}
+    return model
 
 
 # --------------------------------------------------------------------------- references

@@ -267,3 +267,45 @@ def test_export_refuses_what_marian_cannot_express(tmp_path: Path, change: dict[
     with pytest.raises(ValueError, match=message):
         attnkit.export_hf(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("overrides", [{}, {"num_beams": 1}, {"num_beams": 2, "max_new_tokens": 6}])
+def test_marian_generation_config_decodes_as_transformers(tmp_path: Path, overrides: dict[str, int]) -> None:
+    """Marian's defaults (bad_words_ids = [[pad]], forced_eos_token_id, num_beams, max_length)
+    from its generation_config.json, with and without explicit overrides, token for token."""
+    path = save_marian(tmp_path / "m")
+    hf = load_hf(path)
+    with torch.no_grad():
+        hf.final_logits_bias[0, PAD] = 50.0  # pad would win every step, but bad_words_ids bans it
+    hf.generation_config.update(
+        bad_words_ids=[[PAD]], forced_eos_token_id=0, num_beams=3, max_length=9, eos_token_id=0, pad_token_id=PAD,
+        decoder_start_token_id=PAD,
+    )  # fmt: skip
+    hf.save_pretrained(path)
+    ours = attnkit.from_pretrained(path)
+    assert ours.generation_defaults["bad_words_ids"] == [[PAD]]
+    inputs = batch()
+    expected = hf.generate(inputs["input_ids"], attention_mask=inputs["attention_mask"], **overrides)
+    got = ours.generate(inputs["input_ids"], inputs["attention_mask"], **overrides)
+    assert got.tolist() == expected.tolist()
+    finished = (got == 0).cumsum(dim=1) > 0  # at and after each row's end token
+    assert (got[:, 1:][~finished[:, 1:]] != PAD).all()  # pad is never generated, only padding after the end
+    # The defaults travel on: attnkit's own directory and the exported one keep them.
+    ours.save_pretrained(tmp_path / "own")
+    assert attnkit.from_pretrained(tmp_path / "own").generate(
+        inputs["input_ids"], inputs["attention_mask"], **overrides
+    ).tolist() == expected.tolist()
+    attnkit.export_hf(ours, tmp_path / "exported")
+    exported = transformers.GenerationConfig.from_pretrained(tmp_path / "exported")
+    assert (exported.bad_words_ids, exported.forced_eos_token_id, exported.num_beams) == ([[PAD]], 0, 3)
+    assert exported.decoder_start_token_id == PAD
+
+
+def test_bad_generation_configs_are_refused_in_one_line(tmp_path: Path) -> None:
+    path = save_marian(tmp_path / "m")
+    (path / "generation_config.json").write_text('{"num_beams": "four"}')
+    with pytest.raises(ValueError, match="num_beams must be an integer, got 'four'; fix it or delete the key"):
+        attnkit.from_pretrained(path)
+    (path / "generation_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"generation_config\.json is not valid JSON"):
+        attnkit.from_pretrained(path)

@@ -21,6 +21,7 @@ import torch
 from attnkit.config import ModelConfig
 from attnkit.interop.hf import bert, gpt2, llama, marian, t5
 from attnkit.models import build_loaded
+from attnkit.models.generation_config import GENERATION_CONFIG, write_generation_config
 from attnkit.models.io import (
     CONFIG,
     TOKENIZER,
@@ -65,7 +66,7 @@ def load_hf(directory: Path, data: dict[str, Any]) -> torch.nn.Module:
     except (ValueError, RuntimeError) as err:  # RuntimeError: torch on a tensor of the wrong rank
         raise ValueError(f"cannot load {directory / WEIGHTS}: {err}") from None
     model = build_loaded(config, weights, str(directory / WEIGHTS))
-    attach_tokenizer(model, directory)
+    attach_tokenizer(model, directory, hugging_face=True)
     return model.eval()
 
 
@@ -103,4 +104,10 @@ def export_hf(
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None:
         files[TOKENIZER] = tokenizer.to_str().encode()
+    special = {
+        "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id,
+        "decoder_start_token_id": config.decoder_start_token_id,
+    }  # fmt: skip
+    defaults = {k: v for k, v in special.items() if v is not None} | (getattr(model, "generation_defaults", None) or {})
+    files[GENERATION_CONFIG] = write_generation_config(defaults)
     write_directory(path, files, overwrite)
