@@ -101,3 +101,31 @@ def encode_batch(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
 def decode(tokenizer: Tokenizer, ids: Iterable[int]) -> str:
     """The text of ``ids`` (a list, or a 1-D tensor), special tokens left out."""
     return tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+def tokenizer_from_vocabulary(directory: Path) -> Tokenizer | None:
+    """The tokenizer of a checkpoint directory without a ``tokenizer.json``, from the files
+    its family ships: GPT-2's ``vocab.json`` + ``merges.txt`` (byte-level BPE), BERT's
+    ``vocab.txt`` (WordPiece, lower-cased as its ``tokenizer_config.json`` says, [CLS] ... [SEP]
+    added). None when the directory has neither; a file that cannot be read is one
+    ``ValueError`` naming it."""
+    import json
+
+    vocab, merges, wordpieces = directory / "vocab.json", directory / "merges.txt", directory / "vocab.txt"
+    try:
+        if vocab.is_file() and merges.is_file():
+            tokenizer = Tokenizer(BPE.from_file(str(vocab), str(merges)))
+            tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tokenizer.decoder = decoders.ByteLevel()
+            return tokenizer
+        if wordpieces.is_file():
+            from tokenizers.implementations import BertWordPieceTokenizer
+
+            settings = directory / "tokenizer_config.json"
+            lower = True
+            if settings.is_file():
+                lower = bool(json.loads(settings.read_text(encoding="utf-8")).get("do_lower_case", True))
+            return BertWordPieceTokenizer(str(wordpieces), lowercase=lower)._tokenizer
+    except Exception as err:  # tokenizers raises bare Exceptions on a malformed file
+        raise ValueError(f"{directory}: its tokenizer files cannot be read ({err}); replace them") from None
+    return None

@@ -264,14 +264,21 @@ def copy_weights(model: torch.nn.Module, tensors: dict[str, Tensor]) -> None:
 
 def attach_tokenizer(model: torch.nn.Module, directory: Path, hugging_face: bool = False) -> None:
     """Set ``model.tokenizer`` (a ``tokenizers.Tokenizer``) from ``directory/tokenizer.json``
-    where the directory has one, attnkit's or Hugging Face's, and ``model.generation_defaults``
-    from its ``generation_config.json``."""
+    where the directory has one, attnkit's or Hugging Face's (a Hugging Face one without it:
+    from its vocabulary files), and ``model.generation_defaults`` from its
+    ``generation_config.json``."""
     model.generation_defaults = read_generation_config(directory, hugging_face)
     path = directory / TOKENIZER
     if path.exists():
         from attnkit.data.tokenizer import load_tokenizer
 
         model.tokenizer = load_tokenizer(path)
+    elif hugging_face:  # GPT-2's vocab.json + merges.txt, BERT's vocab.txt
+        from attnkit.data.tokenizer import tokenizer_from_vocabulary
+
+        tokenizer = tokenizer_from_vocabulary(directory)
+        if tokenizer is not None:
+            model.tokenizer = tokenizer
 
 
 def _fsync_dir(path: Path) -> None:

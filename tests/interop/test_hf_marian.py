@@ -292,9 +292,12 @@ def test_marian_generation_config_decodes_as_transformers(tmp_path: Path, overri
     assert (got[:, 1:][~finished[:, 1:]] != PAD).all()  # pad is never generated, only padding after the end
     # The defaults travel on: attnkit's own directory and the exported one keep them.
     ours.save_pretrained(tmp_path / "own")
-    assert attnkit.from_pretrained(tmp_path / "own").generate(
-        inputs["input_ids"], inputs["attention_mask"], **overrides
-    ).tolist() == expected.tolist()
+    assert (
+        attnkit.from_pretrained(tmp_path / "own")
+        .generate(inputs["input_ids"], inputs["attention_mask"], **overrides)
+        .tolist()
+        == expected.tolist()
+    )
     attnkit.export_hf(ours, tmp_path / "exported")
     exported = transformers.GenerationConfig.from_pretrained(tmp_path / "exported")
     assert (exported.bad_words_ids, exported.forced_eos_token_id, exported.num_beams) == ([[PAD]], 0, 3)
