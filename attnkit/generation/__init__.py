@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -126,6 +127,7 @@ def generate(
     forced_bos_token_id: int | None = None,
     forced_eos_token_id: int | None = None,
     bad_words_ids: list[list[int]] | None = None,
+    streamer: Callable[[Tensor], None] | None = None,
 ) -> Tensor:
     """Continue ``input_ids`` (decoder-only: returns prompt + continuation) or translate them
     (encoder–decoder: returns the decoder sequence, starting with its start token).
@@ -145,7 +147,8 @@ def generate(
     its start token) where ``max_new_tokens`` is not given (default 20 new tokens);
     ``eos_token_id`` may list several end tokens; ``forced_bos_token_id`` /
     ``forced_eos_token_id`` force the first / last new token; ``bad_words_ids`` are never
-    completed.
+    completed. ``streamer`` (greedy and sampling) is called with each step's new tokens (N,)
+    as they are chosen, for output shown while it is decoded.
     """
     cfg = model.config
     max_new_tokens = _new_tokens(cfg, input_ids, max_new_tokens, max_length)
@@ -185,6 +188,8 @@ def generate(
     if forced_eos_token_id is not None:
         constraints.append(forced(forced_eos_token_id, max_new_tokens - 1, read_before))
     constraint = chain(constraints)
+    if streamer is not None and num_beams > 1:
+        raise ValueError("streamer follows one path per input; beam search decides its tokens only at the end")
     if num_beams > 1:
         from attnkit.generation.beam import beam_search
 
@@ -197,9 +202,10 @@ def generate(
         # Without a seed, draw one from the global generator: torch.manual_seed still governs it.
         generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
         choose = sampler(temperature, top_k, top_p, generator)
-        new = decode_one_path(incremental, max_new_tokens, eos, pad, choose, budget, constraint)
+        new = decode_one_path(incremental, max_new_tokens, eos, pad, choose, budget, constraint, streamer)
     else:
-        new = decode_one_path(incremental, max_new_tokens, eos, pad, budget=budget, constraint=constraint)
+        new = decode_one_path(incremental, max_new_tokens, eos, pad, budget=budget, constraint=constraint,
+                              streamer=streamer)  # fmt: skip
     if cfg.is_encoder_decoder:
         start = torch.full_like(new[:, :1], cfg.decoder_start_token_id)
         return torch.cat([start, new], dim=1)

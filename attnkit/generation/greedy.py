@@ -44,6 +44,7 @@ def decode_one_path(
     choose: Choose = argmax,
     budget: Tensor | None = None,
     constraint: Constraint | None = None,
+    streamer: Callable[[Tensor], None] | None = None,
 ) -> Tensor:
     """The loop of [alg:att-decode], numbered as the chapter numbers it; returns the new tokens
     (N, ≤ max_new_tokens), rows that finished early padded with ``pad_token_id``.
@@ -52,6 +53,8 @@ def decode_one_path(
     ``max_new_tokens``. ``constraint`` rewrites the logits before each choice (banned tokens
     to -inf: :func:`attnkit.generation.ngrams.no_repeat_ngram`). Rows that finished are dropped
     from the batch (``DROP_FRACTION``), so a batch costs what its unfinished rows cost.
+    ``streamer`` is called with each step's tokens (N,) as soon as they are chosen (finished
+    rows: ``pad_token_id``).
     """
     # 1: H_enc <- Encoder(x), once (IncrementalModel did it); 2: y <- (BOS)
     # 4-6 for t = 1: embed y, add positions, run the decoder stack, p <- softmax(W z_t + b)
@@ -66,6 +69,8 @@ def decode_one_path(
         token = choose(logits)  # 7: y_t <- argmax_v p_v (or a sample)
         token = torch.where(finished, pad_token_id, token)
         out[rows, t] = token  # 8: append y_t to y
+        if streamer is not None:
+            streamer(out[:, t])
         finished |= is_end(token, eos_token_id)  # 9: if y_t = EOS, break
         if budget is not None:
             finished |= budget[rows] <= t + 1

@@ -80,6 +80,8 @@ def refuse_pickles(directory: Path) -> None:
 
 
 # A sharded checkpoint: the index maps each tensor to its shard (transformers' layout).
+# Its chat template, as transformers keeps it.
+TOKENIZER_CONFIG = "tokenizer_config.json"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 
 
@@ -265,9 +267,14 @@ def copy_weights(model: torch.nn.Module, tensors: dict[str, Tensor]) -> None:
 def attach_tokenizer(model: torch.nn.Module, directory: Path, hugging_face: bool = False) -> None:
     """Set ``model.tokenizer`` (a ``tokenizers.Tokenizer``) from ``directory/tokenizer.json``
     where the directory has one, attnkit's or Hugging Face's (a Hugging Face one without it:
-    from its vocabulary files), and ``model.generation_defaults`` from its
-    ``generation_config.json``."""
+    from its vocabulary files), ``model.chat_template`` from its ``tokenizer_config.json`` and
+    ``model.generation_defaults`` from its ``generation_config.json``."""
     model.generation_defaults = read_generation_config(directory, hugging_face)
+    settings = directory / TOKENIZER_CONFIG
+    if settings.is_file():
+        template = read_json(settings).get("chat_template")
+        if isinstance(template, str):
+            model.chat_template = template
     path = directory / TOKENIZER
     if path.exists():
         from attnkit.data.tokenizer import load_tokenizer
@@ -349,6 +356,9 @@ def save_pretrained(model: torch.nn.Module, path: str | Path, overwrite: bool = 
     defaults = getattr(model, "generation_defaults", None)
     if defaults:
         files[GENERATION_CONFIG] = write_generation_config(defaults)
+    template = getattr(model, "chat_template", None)
+    if template:
+        files[TOKENIZER_CONFIG] = (json.dumps({"chat_template": template}, indent=2) + "\n").encode()
     write_directory(path, files, overwrite)
 
 

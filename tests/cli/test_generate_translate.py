@@ -421,3 +421,23 @@ def test_missing_model_directory_is_one_line(command: str, tmp_path: Path, capsy
         line == f"attnkit: error: {tmp_path / 'nope'} is not a directory; pass a directory written by save_pretrained "
         "(or a .gguf file)"
     )
+
+
+def test_chat_streams_what_generate_decodes_and_refuses_a_model_without_a_template(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from attnkit.data.tokenizer import train_tokenizer
+
+    torch.manual_seed(0)
+    model = attnkit.build_model(attnkit.preset("llama-tiny", vocab_size=300, eos_token_id=2)).eval()
+    model.tokenizer = train_tokenizer(["the cat sat on the mat and the dog ran in the park"] * 50, 300)
+    model.save_pretrained(tmp_path / "plain")
+    assert main(["chat", "--model", str(tmp_path / "plain"), "--message", "hi"]) == 2
+    assert "has no chat template" in capsys.readouterr().err
+    model.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    model.save_pretrained(tmp_path / "chat")
+    assert main(["chat", "--model", str(tmp_path / "chat"), "--message", "the cat", "--max-new-tokens", "6"]) == 0
+    prompt = model.tokenizer.encode("user: the cat\nassistant:", add_special_tokens=False).ids
+    new = model.generate(torch.tensor([prompt]), max_new_tokens=6)[0, len(prompt) :].tolist()
+    new = new[: new.index(2)] if 2 in new else new
+    assert capsys.readouterr().out == model.tokenizer.decode(new, skip_special_tokens=True) + "\n"

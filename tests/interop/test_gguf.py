@@ -84,3 +84,22 @@ def test_bad_gguf_files_are_refused_in_one_line(tmp_path: Path, capsys: pytest.C
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "GGUF architecture 'mamba' is not one attnkit reads (only 'llama')" in err
     assert not (tmp_path / "out").exists()
+
+
+@needs_smollm2
+def test_chat_renders_the_template_as_transformers_and_streams_the_answer(
+    tmp_path: Path, pair: tuple, capsys: pytest.CaptureFixture
+) -> None:
+    from attnkit.cli.chat import render
+
+    ours, _, tokenizer = pair
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    text = render(ours.chat_template, messages, bos_token="<|im_start|>", eos_token="<|im_end|>")
+    assert ours.tokenizer.encode(text, add_special_tokens=False).ids == tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    ours.save_pretrained(tmp_path / "smollm2")  # the template travels in tokenizer_config.json
+    capsys.readouterr()
+    assert main(["chat", "--model", str(tmp_path / "smollm2"), "--message", messages[0]["content"],
+                 "--max-new-tokens", "12"]) == 0  # fmt: skip
+    assert "Paris" in capsys.readouterr().out

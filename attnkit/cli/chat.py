@@ -1,0 +1,102 @@
+"""``attnkit chat``: talk to a decoder-only model through its chat template, the reply streamed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from attnkit.cli.common import add_model_flag, add_weights_flag, load_for, tokenizer_of
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "chat",
+        help="talk to a decoder-only model through its chat template, the reply streamed",
+        description="Chat with a decoder-only model whose directory has a chat template (tokenizer_config.json's\n"
+        "chat_template, or the GGUF file's, kept by attnkit convert). Each message (--message, else one\n"
+        "per line of standard input) joins the conversation; the template renders it with the\n"
+        "assistant's turn opened, and the reply is printed token by token as it is decoded, up to the\n"
+        "end token or --max-new-tokens. Greedy by default; --do-sample to sample.",
+        epilog="examples:\n"
+        '  attnkit chat --model runs/smollm2 --message "What is the capital of France?"\n'
+        "  attnkit chat --model runs/smollm2 --weights int8          # one message per line, Ctrl-D ends",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_flag(parser)
+    add_weights_flag(parser)
+    parser.add_argument("--message", action="append", metavar="TEXT", help="a user message (repeat for several)")
+    parser.add_argument("--system", metavar="TEXT", help="a system message to start the conversation with")
+    parser.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="reply length cap (256)")
+    parser.add_argument("--do-sample", action="store_true", help="sample the reply instead of greedy decoding")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (1.0)")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
+    parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    parser.set_defaults(run=run)
+
+
+def render(template: str, messages: list[dict[str, str]], **specials: str) -> str:
+    """The conversation as the model was trained to read it, the assistant's turn opened;
+    rendered in a sandbox (a template is data from the checkpoint, not code to trust)."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    try:
+        return environment.from_string(template).render(messages=messages, add_generation_prompt=True, **specials)
+    except TemplateError as err:
+        raise ValueError(
+            f"the model's chat template cannot be rendered ({err}); fix its tokenizer_config.json"
+        ) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnkit.cli.common import input_lines
+
+    model = load_for(args.model, "generate", args.weights)
+    template = getattr(model, "chat_template", None)
+    if not template:
+        raise ValueError(
+            f"{args.model} has no chat template (tokenizer_config.json's chat_template); use attnkit generate"
+        )
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    tokenizer = tokenizer_of(model, args.model, ids_hint=False)
+    cfg = model.config
+    specials = {
+        name: tokenizer.id_to_token(i) or ""
+        for name, i in (("bos_token", cfg.bos_token_id), ("eos_token", cfg.eos_token_id))
+        if i is not None
+    }
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    room = cfg.max_len
+    for number, text in enumerate(input_lines(args, args.message)):
+        messages.append({"role": "user", "content": text})
+        prompt = tokenizer.encode(render(template, messages, **specials), add_special_tokens=False).ids
+        new_tokens = min(args.max_new_tokens, room - len(prompt))
+        if new_tokens < 1:
+            raise ValueError(f"the conversation ({len(prompt)} tokens) fills the model's context of {room}")
+        reply: list[int] = []
+        shown = ""
+
+        def stream(tokens: torch.Tensor, reply: list[int] = reply) -> None:
+            nonlocal shown
+            token = int(tokens[0])
+            if token == cfg.eos_token_id:
+                return
+            reply.append(token)
+            text = tokenizer.decode(reply, skip_special_tokens=True)
+            if not text.endswith("\ufffd"):  # a character whose bytes are not all out yet waits
+                sys.stdout.write(text[len(shown) :])
+                sys.stdout.flush()
+                shown = text
+
+        seed = None if args.seed is None else args.seed + number
+        sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, seed=seed)
+        model.generate(
+            torch.tensor([prompt]), max_new_tokens=new_tokens, streamer=stream, **(sampling if args.do_sample else {})
+        )
+        print(flush=True)
+        messages.append({"role": "assistant", "content": shown})
+    return 0
