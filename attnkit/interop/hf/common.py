@@ -27,3 +27,18 @@ def token_id(data: dict[str, Any], key: str) -> int | None:
     if isinstance(value, list):  # generation configs may list several end tokens
         value = value[0] if value else None
     return value if isinstance(value, int) and 0 <= value < data["vocab_size"] else None
+
+
+def lm_special_ids(data: dict[str, Any]) -> dict[str, int | None]:
+    """A decoder-only LM's special ids from its Hugging Face config; the pad id falls back to
+    the end token's (GPT-2 and Llama checkpoints often set none), then to 0."""
+    return {
+        "bos_token_id": token_id(data, "bos_token_id"),
+        "eos_token_id": token_id(data, "eos_token_id"),
+        "pad_token_id": token_id(data, "pad_token_id") or token_id(data, "eos_token_id") or 0,
+    }
+
+
+def special_ids_to_hf(cfg: Any) -> dict[str, int | None]:
+    """The special ids of an attnkit config, under Hugging Face's keys."""
+    return {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id}

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from attnkit.config import ModelConfig, preset
-from attnkit.interop.hf.common import strip_prefix, token_id, unsupported
+from attnkit.interop.hf.common import lm_special_ids, special_ids_to_hf, strip_prefix, unsupported
 
 # GPT-2 keeps these attention-mask buffers in some checkpoints; they carry no weights.
 _BUFFERS = (".attn.bias", ".attn.masked_bias")
@@ -40,9 +40,7 @@ def config_from_hf(data: dict[str, Any]) -> ModelConfig:
         attention_dropout=data.get("attn_pdrop", 0.1),
         init_std=data.get("initializer_range", 0.02),
         tie_embeddings=data.get("tie_word_embeddings", True),
-        bos_token_id=token_id(data, "bos_token_id"),
-        eos_token_id=token_id(data, "eos_token_id"),
-        pad_token_id=token_id(data, "pad_token_id") or token_id(data, "eos_token_id") or 0,
+        **lm_special_ids(data),
     )
 
 
@@ -73,9 +71,7 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         "attn_pdrop": cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,
         "initializer_range": cfg.init_std,
         "tie_word_embeddings": cfg.tie_embeddings,
-        "bos_token_id": cfg.bos_token_id,
-        "eos_token_id": cfg.eos_token_id,
-        "pad_token_id": cfg.pad_token_id,
+        **special_ids_to_hf(cfg),
     }
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from torch import Tensor
 
 from attnkit.config import ModelConfig, preset
-from attnkit.interop.hf.common import token_id, unsupported
+from attnkit.interop.hf.common import lm_special_ids, special_ids_to_hf, unsupported
 
 
 def config_from_hf(data: dict[str, Any]) -> ModelConfig:
@@ -37,9 +37,7 @@ def config_from_hf(data: dict[str, Any]) -> ModelConfig:
         attention_dropout=float(data.get("attention_dropout", 0.0)),
         init_std=data.get("initializer_range", 0.02),
         tie_embeddings=data.get("tie_word_embeddings", False),
-        bos_token_id=token_id(data, "bos_token_id"),
-        eos_token_id=token_id(data, "eos_token_id"),
-        pad_token_id=token_id(data, "pad_token_id") or token_id(data, "eos_token_id") or 0,
+        **lm_special_ids(data),
     )
 
 
@@ -70,9 +68,7 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         "attention_dropout": cfg.attention_dropout or 0.0,
         "initializer_range": cfg.init_std,
         "tie_word_embeddings": cfg.tie_embeddings,
-        "bos_token_id": cfg.bos_token_id,
-        "eos_token_id": cfg.eos_token_id,
-        "pad_token_id": cfg.pad_token_id,
+        **special_ids_to_hf(cfg),
     }
 
 
