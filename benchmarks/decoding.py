@@ -42,7 +42,7 @@ from attnkit.generation.batches import pad_right
 from attnkit.machine import keep_freed_memory, native_bf16
 from benchmarks.common import Comparison, round_robin
 from benchmarks.ct2_worker import Worker
-from benchmarks.generation import _hf_options, _pair
+from benchmarks.generation import _hf_gpt2, _hf_options
 
 PROMPT, NEW = 16, 64
 # The Marian-shaped case: sources, batch size, beams, new tokens per beam.
@@ -109,7 +109,8 @@ def _comparisons(
 def gpt2(repeats: int, small: bool, skipped: dict[str, str], worker: Worker | None) -> tuple[list[Comparison], dict]:
     """Case 1: batch-1 greedy GPT-2, every system on the same saved weights."""
     changes = dict(n_embd=64, n_layer=2, n_head=4) if small else {}
-    _, hf = _pair(changes)
+    hf = _hf_gpt2(changes)
+    hf.generation_config.eos_token_id = None  # as attnkit's below: every system decodes NEW tokens
     ids = torch.randint(0, hf.config.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))
     calls: dict[str, Callable[[], object]] = {}
     models = {}
@@ -291,12 +292,12 @@ def smollm2(repeats: int = 5) -> list[Comparison]:
     keep_freed_memory()
     torch.set_num_threads(2)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+    models = {fmt: attnkit.from_pretrained(path, weights=fmt) for fmt in formats()}
+    ids = torch.tensor([models["fp32"].tokenizer.encode("The capital of France is").ids])  # every system's prompt
     calls: dict[str, Callable[[], object]] = {}
-    for fmt in formats():
-        model = attnkit.from_pretrained(path, weights=fmt)
-        ids = torch.tensor([model.tokenizer.encode("The capital of France is").ids])
+    for fmt, model in models.items():
         model.config = model.config.replace(eos_token_id=None)
-        calls[f"attnkit {fmt}"] = lambda m=model, ids=ids: m.generate(ids, max_new_tokens=NEW)
+        calls[f"attnkit {fmt}"] = lambda m=model: m.generate(ids, max_new_tokens=NEW)
     hf.generation_config.eos_token_id = None
     calls["transformers fp32"] = lambda: hf.generate(ids, max_new_tokens=NEW, **_hf_options())
     times = round_robin(calls, repeats)

@@ -23,11 +23,16 @@ SIZES = {
 }
 
 
-def _pair(config_changes: dict, n_positions: int = 1024) -> tuple[torch.nn.Module, torch.nn.Module]:
+def _hf_gpt2(config_changes: dict, n_positions: int = 1024) -> torch.nn.Module:
+    """A randomly initialised GPT-2 (seed 0) of ``transformers``."""
     import transformers
 
     torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=n_positions, **config_changes)).eval()
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=n_positions, **config_changes)).eval()
+
+
+def _pair(config_changes: dict, n_positions: int = 1024) -> tuple[torch.nn.Module, torch.nn.Module]:
+    hf = _hf_gpt2(config_changes, n_positions)
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
         ours = attnkit.from_pretrained(Path(tmp))

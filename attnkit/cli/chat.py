@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnkit.cli.common import add_model_flag, add_weights_flag, load_for, tokenizer_of
+from attnkit.cli.common import add_model_flag, add_weights_flag, input_lines, load_for, tokenizer_of
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -51,8 +51,6 @@ def render(template: str, messages: list[dict[str, str]], **specials: str) -> st
 
 def run(args: argparse.Namespace) -> int:
     import torch
-
-    from attnkit.cli.common import input_lines
 
     model = load_for(args.model, "generate", args.weights)
     template = getattr(model, "chat_template", None)

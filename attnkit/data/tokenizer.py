@@ -27,6 +27,19 @@ BYTE_ALPHABET_SIZE = 256
 MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + BYTE_ALPHABET_SIZE  # 293: the specials and every byte, before any merge
 
 
+def byte_level_bpe(bpe: BPE, split_digits: bool = False) -> Tokenizer:
+    """A tokenizer of ``bpe`` over bytes, as GPT-2's: text split into words and mapped to
+    byte symbols before the merges, decoded back from them. ``split_digits``: every digit a
+    word of its own first (SmolLM's pre-tokenizer)."""
+    tokenizer = Tokenizer(bpe)
+    words = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        words = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), words])
+    tokenizer.pre_tokenizer = words
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """Learn a byte-level BPE vocabulary of at most ``vocab_size`` entries from ``texts``
     (fewer when the corpus runs out of pairs to merge). Source and target texts of a
@@ -41,9 +54,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
             f"vocab_size={vocab_size} cannot hold the {len(SPECIAL_TOKENS)} special tokens and the "
             f"{BYTE_ALPHABET_SIZE}-byte alphabet; use vocab_size >= {MIN_VOCAB_SIZE} (the paper used about 37000)"
         )
-    tokenizer = Tokenizer(BPE())  # no unk_token: every byte is in the alphabet
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer = byte_level_bpe(BPE())  # no unk_token: every byte is in the alphabet
     trainer = BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=list(SPECIAL_TOKENS),
@@ -114,10 +125,7 @@ def tokenizer_from_vocabulary(directory: Path) -> Tokenizer | None:
     vocab, merges, wordpieces = directory / "vocab.json", directory / "merges.txt", directory / "vocab.txt"
     try:
         if vocab.is_file() and merges.is_file():
-            tokenizer = Tokenizer(BPE.from_file(str(vocab), str(merges)))
-            tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-            tokenizer.decoder = decoders.ByteLevel()
-            return tokenizer
+            return byte_level_bpe(BPE.from_file(str(vocab), str(merges)))
         if wordpieces.is_file():
             from tokenizers.implementations import BertWordPieceTokenizer
 

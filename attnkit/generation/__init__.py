@@ -160,7 +160,7 @@ def generate(
     )  # fmt: skip
     words = [("bad_words_ids", i) for word in bad_words_ids or [] for i in word]
     ids = [("forced_bos_token_id", forced_bos_token_id), ("forced_eos_token_id", forced_eos_token_id)]
-    for name, value in [*ids, *(("eos_token_id", e) for e in ends), *words]:
+    for name, value in [*ids, *(("eos_token_id", e) for e in ends[1:]), *words]:  # _validate took ends[0]
         if value is not None and not (isinstance(value, int) and 0 <= value < cfg.vocab_size):
             raise ValueError(f"{name} must hold token ids in [0, {cfg.vocab_size}), got {value!r}")
     if not ends and cfg.eos_token_id is not None:

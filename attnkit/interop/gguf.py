@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 from torch import Tensor
 
 from attnkit.config import ModelConfig, preset
@@ -117,10 +118,13 @@ def tensors_of(reader: Any, cfg: ModelConfig, path: Path) -> dict[str, Tensor]:
     return out
 
 
-def tokenizer_of(reader: Any, path: Path) -> Any:
+def tokenizer_of(reader: Any, path: Path) -> Tokenizer:
     """The byte-level BPE tokenizer a ``gpt2``-model GGUF carries (tokens, merges, control
     tokens as special tokens)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken
+    from tokenizers.models import BPE
+
+    from attnkit.data.tokenizer import byte_level_bpe
 
     kind = _field(reader, "tokenizer.ggml.model")
     if kind != "gpt2":
@@ -128,12 +132,8 @@ def tokenizer_of(reader: Any, path: Path) -> Any:
     tokens = _field(reader, "tokenizer.ggml.tokens")
     merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
     kinds = _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
-    tokenizer = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
-    split = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
-    if _field(reader, "tokenizer.ggml.pre") == "smollm":  # SmolLM splits every digit apart first
-        split.insert(0, pre_tokenizers.Digits(individual_digits=True))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(split)
-    tokenizer.decoder = decoders.ByteLevel()
+    bpe = BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False)
+    tokenizer = byte_level_bpe(bpe, split_digits=_field(reader, "tokenizer.ggml.pre") == "smollm")
     special = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, kinds, strict=True) if k == 3]
     tokenizer.add_special_tokens(special)
     return tokenizer

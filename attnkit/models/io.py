@@ -80,9 +80,9 @@ def refuse_pickles(directory: Path) -> None:
 
 
 # A sharded checkpoint: the index maps each tensor to its shard (transformers' layout).
-# Its chat template, as transformers keeps it.
-TOKENIZER_CONFIG = "tokenizer_config.json"
 WEIGHTS_INDEX = "model.safetensors.index.json"
+# Where the chat template is, as transformers keeps it.
+TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
 def read_safetensors(directory: Path) -> dict[str, Tensor]:

@@ -30,7 +30,6 @@ class KVCache:
         self._k: Tensor | None = None  # (B, H, capacity, d_k)
         self._v: Tensor | None = None  # (B, H, capacity, d_v)
         self._length = 0
-        self._spare: dict[str, Tensor] = {}  # the second buffer of each, once reordered
 
     @property
     def k(self) -> Tensor | None:
@@ -88,7 +87,6 @@ class KVCache:
         return self._k, self._v, mask, bias
 
     def _grow(self, k: Tensor, v: Tensor, size: int) -> None:
-        self._spare.clear()
         # Zeros, not empty: whole() reads the unfilled positions too (masked, but 0 x NaN is NaN).
         new_k = k.new_zeros(*k.shape[:-2], size, k.shape[-1])  # (B, H, size, d_k)
         new_v = v.new_zeros(*v.shape[:-2], size, v.shape[-1])
@@ -98,8 +96,8 @@ class KVCache:
         self._k, self._v = new_k, new_v
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search re-ranking its hypotheses, finished rows
-        dropped). Only the filled positions are copied, not the whole buffer."""
+        """Keep batch rows ``index`` (finished rows dropped, or rows re-ranked). Only the
+        filled positions are copied, not the whole buffer."""
         if self._k is None:
             return
         if self.static:
@@ -108,14 +106,9 @@ class KVCache:
         filled = self._length
         for name in ("_k", "_v"):
             old: Tensor = getattr(self, name)
-            # The other buffer of a pair: beam search reorders at every step, and a fresh
-            # buffer of the full capacity costs more to allocate than the filled part to copy.
-            new = self._spare.pop(name, None)
-            if new is None or new.shape[0] != index.shape[0]:
-                new = old.new_zeros(index.shape[0], *old.shape[1:])  # (N', H, capacity, d)
+            new = old.new_zeros(index.shape[0], *old.shape[1:])  # (N', H, capacity, d)
             new[..., :filled, :] = old[..., :filled, :].index_select(0, index)
             setattr(self, name, new)
-            self._spare[name] = old
 
 
 class BeamHistory:
@@ -267,23 +260,20 @@ class DecoderCache:
         """Number of target positions already processed."""
         return len(self.self_attn[0]) if self.self_attn else 0
 
-    def reorder(self, index: Tensor, memory_rows: Tensor | None = None) -> None:
-        """Keep target rows ``index`` (N',) and, when given, memory rows ``memory_rows``. The
-        memory's keys and values are left alone without it: right when ``index`` only permutes
-        rows that share a memory row (an example's beams)."""
+    def reorder(self, index: Tensor, examples: Tensor | None = None) -> None:
+        """Keep target rows ``index`` (N',); ``examples`` (B'): the examples (memory rows) that
+        remain, when some were dropped. Without it the memory's keys and values are left alone:
+        right when ``index`` only permutes rows that share a memory row (an example's beams)."""
         if self.history is not None:  # beams: re-rank through the history, drop whole examples
-            g = self.groups
-            rows = index.view(-1, g)  # (B', k): an example's new beams come from its old ones
-            examples = rows[:, 0] // g
-            dropped = examples.shape[0] != self.history.origin.shape[0] if self.history.origin is not None else False
-            for beams in self.self_attn:
-                if dropped:
+            if examples is not None:
+                for beams in self.self_attn:
                     beams.select(examples)  # type: ignore[union-attr]
-            self.history.reorder(rows - examples[:, None] * g, examples if dropped else None)
+            # (B', k): an example's new beams come from its old ones, rows b·k .. b·k + k - 1
+            self.history.reorder(index.view(-1, self.groups) % self.groups, examples)
         else:
             for cache in self.self_attn:
                 cache.reorder(index)  # type: ignore[union-attr]
-        if memory_rows is not None:
+        if examples is not None:
             for cross in self.cross_attn:
                 if cross is not None:
-                    cross.reorder(memory_rows)
+                    cross.reorder(examples)

@@ -54,13 +54,13 @@ def test_rows_sharing_a_memory_row_equal_the_memory_replicated() -> None:
         attention(x, torch.randn(4, 5, 24))
 
 
-def test_cache_reorder_drops_rows_and_reuses_its_second_buffer() -> None:
+def test_cache_reorder_permutes_and_drops_rows() -> None:
     cache = KVCache(capacity=8)
     k, v = torch.randn(4, 2, 3, 5), torch.randn(4, 2, 3, 5)
     cache.update(k, v)
     first, second = torch.tensor([1, 0, 3, 2]), torch.tensor([2, 2, 0, 1])
     cache.reorder(first)
-    cache.reorder(second)  # back into the first buffer
+    cache.reorder(second)
     assert_close(cache.k, k[first][second], atol=0, rtol=0)
     assert_close(cache.v, v[first][second], atol=0, rtol=0)
     cache.reorder(torch.tensor([3, 0]))  # two rows dropped
@@ -190,12 +190,13 @@ def test_beam_cache_reranks_by_its_history_as_copying_the_cache_would(padded: bo
         want = attention(x, mask=mask, position_bias=bias, cache=plain.self_attn[0], is_causal=True)[0]
         assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"step {t}")
         examples = torch.arange(rows // k)
+        dropped = None
         if t == 3:  # example 1 is done: its beams leave
-            examples = examples[examples != 1]
+            examples = dropped = examples[examples != 1]
             real = torch.cat([real[:k], real[2 * k :]])
         parents = torch.randint(0, k, (examples.shape[0], k), generator=g)
         index = (parents + examples[:, None] * k).view(-1)
-        beams.reorder(index)
-        plain.reorder(index)
+        beams.reorder(index, dropped)
+        plain.reorder(index, dropped)
         rows = index.shape[0]
     assert beams.self_attn[0]._k.shape[0] == 2  # one buffer row per remaining example, not per beam

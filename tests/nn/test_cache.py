@@ -192,7 +192,7 @@ def test_cache_reorder() -> None:
     before = [(c.k.clone(), c.v.clone()) for c in caches]
 
     index = torch.tensor([2, 0, 0])  # permute and duplicate (beam search keeping hypotheses)
-    cache.reorder(index, memory_rows=index)
+    cache.reorder(index, examples=index)
     assert len(cache) == 4
     for c, (k, v) in zip(caches, before, strict=True):
         assert_close(c.k, k[index], atol=0, rtol=0)

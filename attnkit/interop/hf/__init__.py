@@ -20,6 +20,7 @@ import torch
 
 from attnkit.config import ModelConfig
 from attnkit.interop.hf import bert, gpt2, llama, marian, t5
+from attnkit.interop.hf.common import special_ids_to_hf
 from attnkit.models import build_loaded
 from attnkit.models.generation_config import GENERATION_CONFIG, write_generation_config
 from attnkit.models.io import (
@@ -104,10 +105,7 @@ def export_hf(
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None:
         files[TOKENIZER] = tokenizer.to_str().encode()
-    special = {
-        "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id,
-        "decoder_start_token_id": config.decoder_start_token_id,
-    }  # fmt: skip
+    special = {**special_ids_to_hf(config), "decoder_start_token_id": config.decoder_start_token_id}
     defaults = {k: v for k, v in special.items() if v is not None} | (getattr(model, "generation_defaults", None) or {})
     files[GENERATION_CONFIG] = write_generation_config(defaults)
     write_directory(path, files, overwrite)
