@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
@@ -114,26 +114,84 @@ def decode(tokenizer: Tokenizer, ids: Iterable[int]) -> str:
     return tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
+SPM_FILES = ("source.spm", "target.spm", "spiece.model")  # Marian's two models, T5's one
+T5_EXTRA_IDS = 100  # T5's sentinels <extra_id_0..99>, after the SentencePiece pieces
+
+
 def tokenizer_from_vocabulary(directory: Path) -> Tokenizer | None:
     """The tokenizer of a checkpoint directory without a ``tokenizer.json``, from the files
     its family ships: GPT-2's ``vocab.json`` + ``merges.txt`` (byte-level BPE), BERT's
     ``vocab.txt`` (WordPiece, lower-cased as its ``tokenizer_config.json`` says, [CLS] ... [SEP]
-    added). None when the directory has neither; a file that cannot be read is one
-    ``ValueError`` naming it."""
+    added), Marian's ``source.spm`` + ``vocab.json`` and T5's ``spiece.model`` (SentencePiece,
+    ``</s>`` appended). None when the directory has none of them; a file that cannot be read is
+    one ``ValueError`` naming it."""
     import json
 
+    from attnkit.data.sentencepiece import read_model, spm_tokenizer
+
     vocab, merges, wordpieces = directory / "vocab.json", directory / "merges.txt", directory / "vocab.txt"
+    source, spiece, config = directory / "source.spm", directory / "spiece.model", directory / "tokenizer_config.json"
+    try:
+        settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{config} is not JSON ({err}); replace it") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"{config} holds {type(settings).__name__}, not a JSON object; replace it")
+    if source.is_file() and vocab.is_file() and not merges.is_file():
+        if settings.get("separate_vocabs") or (directory / "target_vocab.json").is_file():
+            raise ValueError(
+                f"{directory}: a Marian tokenizer with separate source and target vocabularies is not supported; "
+                "convert it with transformers to a checkpoint with one shared vocab.json"
+            )
+        try:
+            pieces = json.loads(vocab.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ValueError(f"{vocab} is not JSON ({err}); replace it") from None
+        if not isinstance(pieces, dict) or not all(isinstance(i, int) for i in pieces.values()):
+            raise ValueError(f"{vocab} is not a JSON object of piece -> id; replace it")
+        try:
+            return spm_tokenizer(
+                read_model(source), pieces, _token_setting(settings, "eos_token", "</s>", config), trim=True
+            )
+        except ValueError as err:
+            raise ValueError(f"{directory}: {err}") from None
+    if spiece.is_file():
+        extra = settings.get("extra_ids", T5_EXTRA_IDS)
+        if not isinstance(extra, int) or isinstance(extra, bool) or extra < 0:
+            raise ValueError(f"{config}: extra_ids is {extra!r}; write a count >= 0 (T5 has 100)")
+        tokenizer = spm_tokenizer(read_model(spiece), end=_token_setting(settings, "eos_token", "</s>", config))
+        sentinels = [AddedToken(f"<extra_id_{i}>", normalized=False, special=True) for i in reversed(range(extra))]
+        tokenizer.add_special_tokens(sentinels)  # <extra_id_0> last, as T5 numbers them
+        return tokenizer
     try:
         if vocab.is_file() and merges.is_file():
             return byte_level_bpe(BPE.from_file(str(vocab), str(merges)))
         if wordpieces.is_file():
             from tokenizers.implementations import BertWordPieceTokenizer
 
-            settings = directory / "tokenizer_config.json"
-            lower = True
-            if settings.is_file():
-                lower = bool(json.loads(settings.read_text(encoding="utf-8")).get("do_lower_case", True))
+            lower = bool(settings.get("do_lower_case", True))
             return BertWordPieceTokenizer(str(wordpieces), lowercase=lower)._tokenizer
     except Exception as err:  # tokenizers raises bare Exceptions on a malformed file
         raise ValueError(f"{directory}: its tokenizer files cannot be read ({err}); replace them") from None
     return None
+
+
+def sentencepiece_files(directory: Path) -> dict[str, bytes]:
+    """The SentencePiece files of a checkpoint directory (Marian's ``source.spm``,
+    ``target.spm`` and their ``vocab.json``, T5's ``spiece.model``), as bytes: a directory
+    written from the model keeps them, so that ``transformers``' SentencePiece tokenizers
+    still read it (Marian's has no ``tokenizer.json`` form)."""
+    names = [name for name in SPM_FILES if (directory / name).is_file()]
+    if "source.spm" in names and (directory / "vocab.json").is_file():
+        names.append("vocab.json")
+    return {name: (directory / name).read_bytes() for name in names}
+
+
+def _token_setting(settings: dict, name: str, default: str, path: Path) -> str:
+    """A special token of ``tokenizer_config.json``: written as its text or as an AddedToken's dict."""
+    value = settings.get(name) or default
+    if isinstance(value, dict):
+        value = value.get("content")
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{path}: {name} is {settings.get(name)!r}; write the token's text, e.g. {default!r}")
+    return value

@@ -275,17 +275,29 @@ def attach_tokenizer(model: torch.nn.Module, directory: Path, hugging_face: bool
         template = read_json(settings).get("chat_template")
         if isinstance(template, str):
             model.chat_template = template
+    from attnkit.data.tokenizer import load_tokenizer, sentencepiece_files, tokenizer_from_vocabulary
+
     path = directory / TOKENIZER
     if path.exists():
-        from attnkit.data.tokenizer import load_tokenizer
-
         model.tokenizer = load_tokenizer(path)
-    elif hugging_face:  # GPT-2's vocab.json + merges.txt, BERT's vocab.txt
-        from attnkit.data.tokenizer import tokenizer_from_vocabulary
-
+    elif hugging_face:  # GPT-2's vocab.json + merges.txt, BERT's vocab.txt, Marian's and T5's SentencePiece
         tokenizer = tokenizer_from_vocabulary(directory)
         if tokenizer is not None:
             model.tokenizer = tokenizer
+    model.tokenizer_sources = sentencepiece_files(directory)
+
+
+def tokenizer_files(model: torch.nn.Module) -> dict[str, bytes]:
+    """The files that give a written directory ``model``'s tokenizer: ``tokenizer.json``, the
+    SentencePiece files it came with and its chat template (in ``tokenizer_config.json``)."""
+    files = dict(getattr(model, "tokenizer_sources", None) or {})
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None:
+        files[TOKENIZER] = tokenizer.to_str().encode()
+    template = getattr(model, "chat_template", None)
+    if template:
+        files[TOKENIZER_CONFIG] = (json.dumps({"chat_template": template}, indent=2) + "\n").encode()
+    return files
 
 
 def _fsync_dir(path: Path) -> None:
@@ -350,15 +362,10 @@ def save_pretrained(model: torch.nn.Module, path: str | Path, overwrite: bool = 
         CONFIG: (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode(),
         WEIGHTS: dict(model.named_parameters()),
     }
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is not None:
-        files[TOKENIZER] = tokenizer.to_str().encode()
+    files.update(tokenizer_files(model))
     defaults = getattr(model, "generation_defaults", None)
     if defaults:
         files[GENERATION_CONFIG] = write_generation_config(defaults)
-    template = getattr(model, "chat_template", None)
-    if template:
-        files[TOKENIZER_CONFIG] = (json.dumps({"chat_template": template}, indent=2) + "\n").encode()
     write_directory(path, files, overwrite)
 
 

@@ -25,13 +25,13 @@ from attnkit.models import build_loaded
 from attnkit.models.generation_config import GENERATION_CONFIG, write_generation_config
 from attnkit.models.io import (
     CONFIG,
-    TOKENIZER,
     WEIGHTS,
     WEIGHTS_INDEX,
     attach_tokenizer,
     check_savable,
     read_safetensors,
     shard,
+    tokenizer_files,
     write_directory,
 )
 
@@ -102,9 +102,7 @@ def export_hf(
         weight_map = {name: file for file, group in shards.items() for name in group}
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         files[WEIGHTS_INDEX] = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is not None:
-        files[TOKENIZER] = tokenizer.to_str().encode()
+    files.update(tokenizer_files(model))
     special = {**special_ids_to_hf(config), "decoder_start_token_id": config.decoder_start_token_id}
     defaults = {k: v for k, v in special.items() if v is not None} | (getattr(model, "generation_defaults", None) or {})
     files[GENERATION_CONFIG] = write_generation_config(defaults)
