@@ -71,10 +71,25 @@ def tokenizer_of(model: Model, directory: str, ids_hint: bool) -> Tokenizer:
     return tokenizer
 
 
-def decoding_options(args: argparse.Namespace, vocab_size: int) -> dict:
-    """``generate`` keyword arguments from the decoding flags, each checked with the flag's name."""
-    for flag, value in [("--max-new-tokens", args.max_new_tokens), ("--num-beams", args.num_beams)]:
-        if value < 1:
+# The decoding flags a checkpoint's generation_config.json may set instead (max_length counts
+# for --max-new-tokens).
+FILE_DEFAULTED = ("max_new_tokens", "num_beams", "length_penalty", "length_penalty_style", "no_repeat_ngram_size")
+
+
+def decoding_options(args: argparse.Namespace, model: Model, fallback: dict[str, object]) -> dict:
+    """``generate`` keyword arguments from the decoding flags, each checked with the flag's name.
+    A flag left out is left to the checkpoint's ``generation_config.json`` where that sets it
+    (``model.generation_defaults``), else takes ``fallback`` (the command's own default);
+    ``--do-sample`` without ``--num-beams`` samples one path."""
+    file: dict = getattr(model, "generation_defaults", None) or {}
+    given = {key: getattr(args, key) for key in FILE_DEFAULTED}
+    if args.do_sample and given["num_beams"] is None:
+        given["num_beams"] = 1
+    in_file = {key: key in file or (key == "max_new_tokens" and "max_length" in file) for key in FILE_DEFAULTED}
+    options = {k: fallback.get(k) if v is None else v for k, v in given.items() if v is not None or not in_file[k]}
+    effective = {**file, **options}
+    for flag, value in [("--max-new-tokens", given["max_new_tokens"]), ("--num-beams", given["num_beams"])]:
+        if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -92,61 +107,52 @@ def decoding_options(args: argparse.Namespace, vocab_size: int) -> dict:
     if set_without_sampling and not args.do_sample:
         verb = "applies" if len(set_without_sampling) == 1 else "apply"
         raise ValueError(f"{', '.join(set_without_sampling)} {verb} only when sampling; add --do-sample")
-    if args.do_sample and args.num_beams > 1:
-        raise ValueError(f"--do-sample samples one path per input; use --num-beams 1 (got {args.num_beams})")
+    if args.do_sample and effective.get("num_beams", 1) > 1:
+        raise ValueError(f"--do-sample samples one path per input; use --num-beams 1 (got {effective['num_beams']})")
     check_no_repeat_ngram_size(args.no_repeat_ngram_size)
     for flag, value in [("--eos-id", args.eos_id), ("--pad-id", args.pad_id)]:
-        if value is not None and not 0 <= value < vocab_size:
-            raise ValueError(f"{flag} must be a token id in [0, {vocab_size}), got {value}")
+        if value is not None and not 0 <= value < model.config.vocab_size:
+            raise ValueError(f"{flag} must be a token id in [0, {model.config.vocab_size}), got {value}")
     return dict(
-        max_new_tokens=args.max_new_tokens,
-        num_beams=args.num_beams,
-        length_penalty=args.length_penalty,
-        length_penalty_style=args.length_penalty_style,
+        **options,
         do_sample=args.do_sample,
         temperature=1.0 if args.temperature is None else args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
         eos_token_id=args.eos_id,
         pad_token_id=args.pad_id,
-        no_repeat_ngram_size=args.no_repeat_ngram_size,
     )
 
 
-def add_decoding_flags(
-    parser: argparse.ArgumentParser, max_new_tokens: int, num_beams: int | None, length_penalty: float | None
-) -> None:
-    group = parser.add_argument_group("decoding")
+def add_decoding_flags(parser: argparse.ArgumentParser, fallback: dict[str, object]) -> None:
+    """The decoding flags; those of ``FILE_DEFAULTED`` default to the checkpoint's
+    ``generation_config.json``, else to ``fallback``."""
+    group = parser.add_argument_group(
+        "decoding", "flags left out take the checkpoint's generation_config.json values, else the defaults below"
+    )
     group.add_argument(
         "--max-new-tokens",
         metavar="N",
         type=int,
-        default=max_new_tokens,
-        help=f"most tokens generated (default {max_new_tokens})",
+        help=f"most tokens generated (default {fallback['max_new_tokens']})",
     )
     group.add_argument(
         "--num-beams",
         metavar="K",
         type=int,
-        default=num_beams,
-        help="beams; 1 = greedy (default "
-        + ("4, or 1 with --do-sample" if num_beams is None else str(num_beams))
-        + ")",
+        help=f"beams; 1 = greedy (default {fallback['num_beams']}, or 1 with --do-sample)",
     )
     group.add_argument(
         "--length-penalty",
         metavar="ALPHA",
         type=float,
-        default=length_penalty,
-        help="length penalty alpha for beam search; 0 = none (default "
-        + ("0.6" if length_penalty is None else str(length_penalty))
-        + ")",
+        help=f"length penalty alpha for beam search; 0 = none (default {fallback['length_penalty']})",
     )
     group.add_argument(
         "--length-penalty-style",
         choices=["gnmt", "power"],
-        default="gnmt",
-        help="gnmt: ((5+|Y|)/6)^alpha, the paper's; power: |Y|^alpha, Hugging Face's (default gnmt)",
+        help="gnmt: ((5+|Y|)/6)^alpha, the paper's; power: |Y|^alpha, Hugging Face's "
+        f"(default {fallback['length_penalty_style']})",
     )
     add_no_repeat_ngram_flag(group)
     group.add_argument("--do-sample", action="store_true", help="sample instead of taking the most likely token")

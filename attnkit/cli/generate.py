@@ -21,6 +21,9 @@ from attnkit.cli.common import (
     until_eos,
 )
 
+# Where neither a flag nor the checkpoint's generation_config.json says: greedy, 50 tokens.
+DEFAULTS = dict(max_new_tokens=50, num_beams=1, length_penalty=0.0, length_penalty_style="gnmt")
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -46,7 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--ids", action="append", metavar='"ID ID ..."', help="a prompt as token ids (repeatable)")
     source.add_argument("--input", metavar="FILE", help="prompts, one per line (default: standard input)")
     parser.add_argument("--only-new", action="store_true", help="print only the continuation, not the prompt")
-    add_decoding_flags(parser, max_new_tokens=50, num_beams=1, length_penalty=0.0)
+    add_decoding_flags(parser, DEFAULTS)
     parser.set_defaults(run=run)
 
 
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_for(args.model, "generate", args.weights)
     cfg = model.config
-    options = decoding_options(args, cfg.vocab_size)
+    options = decoding_options(args, model, DEFAULTS)
     eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
     pad = cfg.pad_token_id if args.pad_id is None else args.pad_id
     tokenizer = None

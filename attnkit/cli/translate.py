@@ -22,6 +22,8 @@ from attnkit.cli.common import (
 
 # Batches sorted by length within windows of this many batches.
 SORT_WINDOW = 16
+# Where neither a flag nor the checkpoint's generation_config.json says: the paper's beam search.
+DEFAULTS = dict(max_new_tokens=256, num_beams=4, length_penalty=0.6, length_penalty_style="gnmt")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -36,9 +38,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "a pipe or terminal is answered batch by batch, as soon as each batch has arrived. Each source\n"
         "ends with the end token, appended where the tokenizer does not add it (attnkit's translation\n"
         "objective trains on source + eos).\n"
-        "The defaults are the paper's (Vaswani et al. 2017, section 6.1): beam search with 4 beams,\n"
-        "length penalty alpha = 0.6 in the gnmt form ((5+|Y|)/6)^alpha, and at most source length + 50\n"
-        "tokens (--source-length-offset).",
+        "Decoding flags left out take the checkpoint's generation_config.json values (a Hugging Face\n"
+        "Marian's beams, length penalty and length); without one, the paper's (Vaswani et al. 2017,\n"
+        "section 6.1): beam search with 4 beams, length penalty alpha = 0.6 in the gnmt form\n"
+        "((5+|Y|)/6)^alpha. Every translation stops at source length + 50 tokens (--source-length-offset).",
         epilog="examples:\n"
         '  attnkit translate --model ./opus-mt-en-de "Attention is all you need."\n'
         "  attnkit translate --model ./opus-mt-en-de --batch-size 32 < news.en > news.de\n"
@@ -51,7 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "text", nargs="*", metavar="TEXT", help="sources to translate (default: --input FILE or standard input)"
     )
     parser.add_argument("--input", metavar="FILE", help="sources, one per line, when no TEXT is given")
-    add_decoding_flags(parser, max_new_tokens=256, num_beams=None, length_penalty=None)
+    add_decoding_flags(parser, DEFAULTS)
     parser.add_argument(
         "--source-length-offset",
         type=int,
@@ -67,13 +70,9 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_for(args.model, "translate", args.weights)
     cfg = model.config
-    if args.num_beams is None:
-        args.num_beams = 1 if args.do_sample else 4
-    if args.length_penalty is None:
-        args.length_penalty = 0.6
     if args.source_length_offset < 0:
         raise ValueError(f"--source-length-offset must be >= 0, got {args.source_length_offset}")
-    options = decoding_options(args, cfg.vocab_size)
+    options = decoding_options(args, model, DEFAULTS)
     eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
     pad = cfg.pad_token_id if args.pad_id is None else args.pad_id
     tokenizer = tokenizer_of(model, args.model, ids_hint=False)

@@ -55,25 +55,33 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
+def _number(reader: Any, key: str, path: Path, kind: type = int, default: Any = None) -> Any:
+    """A numeric metadata value; a missing (without ``default``) or non-numeric one is one line."""
+    value = _field(reader, key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        found = "missing" if value is None else f"{value!r}"
+        raise ValueError(f"{path}: GGUF key {key} is {found}, not a number; the file is incomplete, re-export it")
+    return kind(value)
+
+
 def config_of(reader: Any, path: Path) -> ModelConfig:
     architecture = _field(reader, "general.architecture")
     if architecture != "llama":
         raise ValueError(f"{path}: GGUF architecture {architecture!r} is not one attnkit reads (only 'llama')")
-    heads = int(_field(reader, "llama.attention.head_count"))
-    d_model = int(_field(reader, "llama.embedding_length"))
+    heads = _number(reader, "llama.attention.head_count", path)
     names = {t.name for t in reader.tensors}
     vocab = _field(reader, "llama.vocab_size") or len(_field(reader, "tokenizer.ggml.tokens", []))
     return preset(
         "llama-tiny",
         vocab_size=int(vocab),
-        d_model=d_model,
+        d_model=_number(reader, "llama.embedding_length", path),
         n_heads=heads,
-        n_kv_heads=int(_field(reader, "llama.attention.head_count_kv", heads)),
-        n_layers=int(_field(reader, "llama.block_count")),
-        d_ff=int(_field(reader, "llama.feed_forward_length")),
-        max_len=int(_field(reader, "llama.context_length", 2048)),
-        eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
+        n_kv_heads=_number(reader, "llama.attention.head_count_kv", path, default=heads),
+        n_layers=_number(reader, "llama.block_count", path),
+        d_ff=_number(reader, "llama.feed_forward_length", path),
+        max_len=_number(reader, "llama.context_length", path, default=2048),
+        eps=_number(reader, "llama.attention.layer_norm_rms_epsilon", path, float, 1e-5),
+        rope_theta=_number(reader, "llama.rope.freq_base", path, float, 10000.0),
         tie_embeddings="output.weight" not in names,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),

@@ -5,6 +5,7 @@ capital of France is" -> " Paris."); and bad files refused in one line."""
 from __future__ import annotations
 
 import importlib.util
+import struct
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,29 @@ def test_bad_gguf_files_are_refused_in_one_line(tmp_path: Path, capsys: pytest.C
     assert main(["convert", str(other), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "GGUF architecture 'mamba' is not one attnkit reads (only 'llama')" in err
+    # A Llama file without its shape keys, and one whose tensor has a type GGML does not define.
+    llama = tmp_path / "llama.gguf"
+    writer = gguf.GGUFWriter(str(llama), "llama")
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert main(["convert", str(llama), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "GGUF key llama.attention.head_count is missing, not a number" in err
+    data = bytearray(llama.read_bytes())
+    name = b"token_embd.weight"
+    at = data.index(name) + len(name) + 4 + 2 * 8  # after the name: n_dims (u32), 2 dims (u64), then the type
+    assert struct.unpack_from("<I", data, at) == (0,)  # F32
+    struct.pack_into("<I", data, at, 99)
+    (tmp_path / "odd.gguf").write_bytes(bytes(data))
+    assert main(["convert", str(tmp_path / "odd.gguf"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.count("\n") == 0
+        and "is not a readable GGUF file (np.uint32(99) is not a valid GGMLQuantizationType)" in err
+    )
     assert not (tmp_path / "out").exists()
 
 
