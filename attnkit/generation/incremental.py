@@ -10,6 +10,19 @@ from torch import Tensor
 
 from attnkit.models.core import DecoderOnlyModel, EncoderDecoderModel, Model
 from attnkit.nn import padding_mask
+from attnkit.nn.cache import DecoderCache
+
+
+def decoder_only_step(
+    model: DecoderOnlyModel, tokens: Tensor, cache: DecoderCache, key_mask: Tensor | None, positions: Tensor
+) -> Tensor:
+    """One new token per row (N, 1) at ``positions`` (N, 1) through a decoder-only model with its
+    ``cache``; ``key_mask`` (N, len(cache) + 1): the keys each row may read (None: all). Returns
+    the next-token logits (N, vocab)."""
+    mask = None if key_mask is None else padding_mask(key_mask)  # (N, 1, 1, seen)
+    x = model.embeddings(tokens, position_ids=positions)
+    h = model.decoder(x, mask=mask, cache=cache, positions=positions)
+    return model.head(h, model.embeddings.token.weight)[:, -1]
 
 
 class IncrementalModel:
@@ -64,13 +77,10 @@ class IncrementalModel:
         tokens = tokens[:, None]  # (N,) -> (N, 1)
         if self.encoder_decoder:
             return self._decode(tokens)
-        model: DecoderOnlyModel = self.model  # type: ignore[assignment]
         seen = len(self.cache) + 1
-        mask = None if self.key_mask is None else padding_mask(self.key_mask[:, :seen])  # (N, 1, 1, seen)
+        mask = None if self.key_mask is None else self.key_mask[:, :seen]
         positions, self.next_position = self.next_position, self.next_position + 1
-        x = model.embeddings(tokens, position_ids=positions)
-        h = model.decoder(x, mask=mask, cache=self.cache, positions=positions)
-        return model.head(h, model.embeddings.token.weight)[:, -1]
+        return decoder_only_step(self.model, tokens, self.cache, mask, positions)  # type: ignore[arg-type]
 
     def _decode(self, tokens: Tensor) -> Tensor:
         model: EncoderDecoderModel = self.model  # type: ignore[assignment]

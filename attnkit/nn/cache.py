@@ -110,6 +110,34 @@ class KVCache:
             new[..., :filled, :] = old[..., :filled, :].index_select(0, index)
             setattr(self, name, new)
 
+    def join(self, other: KVCache) -> None:
+        """Put ``other``'s rows after this cache's (B + B', H, T, d), both right-aligned: the
+        shorter one is padded on the left, so that every row's last key is at the same position
+        (the caller masks the padding). A request joining a running batch (continuous batching)."""
+        if self.static or other.static or self._k is None or other._k is None or self._v is None or other._v is None:
+            raise ValueError("join() joins two self-attention caches that hold keys")
+        length = max(self._length, other._length)
+        size = length + self.capacity
+        for name in ("_k", "_v"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            new = mine.new_zeros(mine.shape[0] + theirs.shape[0], mine.shape[1], size, mine.shape[-1])
+            new[: mine.shape[0], :, length - self._length : length] = mine[..., : self._length, :]
+            new[mine.shape[0] :, :, length - other._length : length] = theirs[..., : other._length, :]
+            setattr(self, name, new)
+        self._length = length
+
+    def trim(self, n: int) -> None:
+        """Drop the first ``n`` positions of every row: padding no row attends to any more."""
+        if self._k is None or self._v is None or self.static or not 0 < n <= self._length:
+            raise ValueError(f"trim({n}) needs a self-attention cache holding more than {n} keys")
+        filled = self._length - n
+        for name in ("_k", "_v"):
+            old: Tensor = getattr(self, name)
+            new = old.new_zeros(*old.shape[:-2], filled + self.capacity, old.shape[-1])
+            new[..., :filled, :] = old[..., n : self._length, :]
+            setattr(self, name, new)
+        self._length = filled
+
 
 class BeamHistory:
     """Which earlier entries each beam descends from, shared by the layers of a decoder.
@@ -277,3 +305,16 @@ class DecoderCache:
             for cross in self.cross_attn:
                 if cross is not None:
                     cross.reorder(examples)
+
+    def join(self, other: DecoderCache) -> None:
+        """Add ``other``'s rows after these, right-aligned (:meth:`KVCache.join`): for a
+        decoder-only stack without beams, the case of continuous batching."""
+        if self.history is not None or other.history is not None or any(c is not None for c in self.cross_attn):
+            raise ValueError("join() joins the caches of a decoder-only stack decoded without beams")
+        for mine, theirs in zip(self.self_attn, other.self_attn, strict=True):
+            mine.join(theirs)  # type: ignore[union-attr, arg-type]
+
+    def trim(self, n: int) -> None:
+        """Drop the first ``n`` positions of every row (:meth:`KVCache.trim`)."""
+        for cache in self.self_attn:
+            cache.trim(n)  # type: ignore[union-attr]

@@ -1,0 +1,163 @@
+"""Continuous batching: the greedy loop of [alg:att-decode] run for many requests at once, a
+new request joining the running batch at the next step instead of waiting for it to end.
+
+Every row is one request (a decoder-only model, greedy or sampled, no beams). A request that
+joins is prefilled on its own, then its keys and values are put beside the others' in one
+cache, right-aligned (:meth:`~attnkit.nn.cache.DecoderCache.join`): every row's newest key
+sits at the same position, the shorter rows padded on the left and the padding masked. Each
+row keeps its own positions, so a row's logits are those of its prompt decoded alone. A row
+that ends leaves the batch at once, and padding that no row reads any more is cut off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnkit.generation.greedy import argmax
+from attnkit.generation.incremental import decoder_only_step
+from attnkit.models.core import DecoderOnlyModel
+from attnkit.nn.cache import DecoderCache
+
+# Room for this many new positions beyond a cache's filled part (it doubles beyond that).
+HEADROOM = 32
+# Leading padding is cut once it is at least this many positions: the cut copies every cache.
+TRIM_AT = 16
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence of a continuous batch: its prompt (token ids), at most ``max_new_tokens``
+    new ones, ending at any of ``eos`` (ids). ``choose`` picks a token from next-token logits
+    (1, vocab): greedy where None. ``on_token`` is called with each new token as it is chosen."""
+
+    prompt: Sequence[int]
+    max_new_tokens: int
+    eos: Sequence[int] = ()
+    choose: Callable[[Tensor], Tensor] | None = None
+    on_token: Callable[[int], None] | None = None
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" (an end token) or "length", once finished
+
+    def add(self, token: int) -> bool:
+        """Record ``token``; True when the request is finished with it."""
+        self.tokens.append(token)
+        if self.on_token is not None:
+            self.on_token(token)
+        if token in self.eos:
+            self.finish_reason = "stop"
+        elif len(self.tokens) >= self.max_new_tokens:
+            self.finish_reason = "length"
+        return self.finish_reason is not None
+
+
+class ContinuousBatch:
+    """The running batch of a decoder-only ``model``: :meth:`add` requests at any time,
+    :meth:`step` all of them by one token, :meth:`remove` the ones no longer wanted."""
+
+    def __init__(self, model: DecoderOnlyModel) -> None:
+        if model.config.is_encoder_decoder:
+            raise ValueError("continuous batching decodes decoder-only (GPT-family) models")
+        self.model = model
+        self.requests: list[Request] = []
+        self.cache: DecoderCache | None = None
+        self.key_mask: Tensor | None = None  # (N, len(cache)): the keys each row may read
+        self.last: Tensor | None = None  # (N,): each row's newest token, fed at the next step
+        self.next_position: Tensor | None = None  # (N, 1)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @torch.no_grad()
+    def add(self, requests: Sequence[Request]) -> list[Request]:
+        """Prefill ``requests`` (left-padded together), choose each one's first token and join
+        them to the batch; returns those already finished by it (they do not join)."""
+        if not requests:
+            return []
+        for request in requests:
+            if not request.prompt:
+                raise ValueError("a request needs a prompt of at least one token")
+        longest = max(len(r.prompt) for r in requests)
+        device = self.model.embeddings.token.weight.device
+        ids = torch.zeros(len(requests), longest, dtype=torch.long, device=device)
+        real = torch.zeros(len(requests), longest, dtype=torch.bool, device=device)
+        for row, request in enumerate(requests):
+            ids[row, longest - len(request.prompt) :] = torch.tensor(request.prompt, device=device)
+            real[row, longest - len(request.prompt) :] = True
+        positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (n, P): each row counts from its first token
+        cache = self.model.decoder.new_cache(capacity=longest + HEADROOM)
+        mask = None if bool(real.all()) else real
+        logits = self.model(ids, mask, cache=cache, position_ids=positions).logits[:, -1]  # (n, vocab)
+        tokens = self._choose(logits, list(requests))
+        finished = [r for r, t in zip(requests, tokens.tolist(), strict=True) if r.add(t)]
+        keep = [row for row, r in enumerate(requests) if r.finish_reason is None]
+        if not keep:
+            return finished
+        index = torch.tensor(keep, device=device)
+        if len(keep) < len(requests):
+            cache.reorder(index)
+        joined, real = [requests[row] for row in keep], real.index_select(0, index)
+        last, next_position = tokens.index_select(0, index), positions[index, -1:] + 1
+        if self.cache is None:
+            self.cache, self.key_mask, self.last, self.next_position = cache, real, last, next_position
+        else:
+            assert self.key_mask is not None and self.last is not None and self.next_position is not None
+            length = max(len(self.cache), len(cache))
+            self.key_mask = torch.cat(
+                [F.pad(self.key_mask, (length - self.key_mask.shape[1], 0)), F.pad(real, (length - real.shape[1], 0))]
+            )
+            self.cache.join(cache)
+            self.last = torch.cat([self.last, last])
+            self.next_position = torch.cat([self.next_position, next_position])
+        self.requests += joined
+        return finished
+
+    @torch.no_grad()
+    def step(self) -> list[Request]:
+        """Feed every row its newest token and choose the next; returns the requests that
+        finished at this step (they have left the batch)."""
+        if not self.requests:
+            return []
+        assert self.cache is not None and self.key_mask is not None and self.last is not None
+        assert self.next_position is not None
+        self.key_mask = F.pad(self.key_mask, (0, 1), value=True)  # the new position is real for every row
+        mask = None if bool(self.key_mask.all()) else self.key_mask
+        logits = decoder_only_step(self.model, self.last[:, None], self.cache, mask, self.next_position)
+        self.next_position = self.next_position + 1
+        self.last = self._choose(logits, self.requests)
+        finished = [r for r, t in zip(self.requests, self.last.tolist(), strict=True) if r.add(t)]
+        self.remove(finished)
+        return finished
+
+    def remove(self, requests: Sequence[Request]) -> None:
+        """Take ``requests`` out of the batch (finished, or their client went away)."""
+        gone = {id(r) for r in requests}
+        keep = [row for row, r in enumerate(self.requests) if id(r) not in gone]
+        if len(keep) == len(self.requests):
+            return
+        if not keep:
+            self.__init__(self.model)  # type: ignore[misc]
+            return
+        assert self.cache is not None and self.key_mask is not None and self.last is not None
+        assert self.next_position is not None
+        index = torch.tensor(keep, device=self.last.device)
+        self.cache.reorder(index)
+        self.requests = [self.requests[row] for row in keep]
+        self.key_mask, self.last = self.key_mask.index_select(0, index), self.last.index_select(0, index)
+        self.next_position = self.next_position.index_select(0, index)
+        unread = int(self.key_mask.any(dim=0).long().argmax())  # leading positions no row reads
+        if unread >= TRIM_AT:
+            self.cache.trim(unread)
+            self.key_mask = self.key_mask[:, unread:]
+
+    def _choose(self, logits: Tensor, requests: Sequence[Request]) -> Tensor:
+        """Each row's next token (N,): greedy rows together, sampled rows each with its own choice."""
+        tokens = argmax(logits)
+        for row, request in enumerate(requests):
+            if request.choose is not None:
+                tokens[row] = request.choose(logits[row : row + 1])[0]
+        return tokens
