@@ -34,23 +34,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def render(template: str, messages: list[dict[str, str]], **specials: str) -> str:
-    """The conversation as the model was trained to read it, the assistant's turn opened;
-    rendered in a sandbox (a template is data from the checkpoint, not code to trust)."""
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    try:
-        return environment.from_string(template).render(messages=messages, add_generation_prompt=True, **specials)
-    except TemplateError as err:
-        raise ValueError(
-            f"the model's chat template cannot be rendered ({err}); fix its tokenizer_config.json"
-        ) from None
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
+
+    from attnkit.generation.text import TextStream, chat_prompt
 
     model = load_for(args.model, "generate", args.weights)
     template = getattr(model, "chat_template", None)
@@ -62,39 +49,27 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     tokenizer = tokenizer_of(model, args.model, ids_hint=False)
     cfg = model.config
-    specials = {
-        name: tokenizer.id_to_token(i) or ""
-        for name, i in (("bos_token", cfg.bos_token_id), ("eos_token", cfg.eos_token_id))
-        if i is not None
-    }
     messages = [{"role": "system", "content": args.system}] if args.system else []
     room = cfg.max_len
     for number, text in enumerate(input_lines(args, args.message)):
         messages.append({"role": "user", "content": text})
-        prompt = tokenizer.encode(render(template, messages, **specials), add_special_tokens=False).ids
+        prompt = chat_prompt(template, tokenizer, cfg, messages)
         new_tokens = min(args.max_new_tokens, room - len(prompt))
         if new_tokens < 1:
             raise ValueError(f"the conversation ({len(prompt)} tokens) fills the model's context of {room}")
-        reply: list[int] = []
-        shown = ""
+        reply = TextStream(tokenizer)
 
-        def stream(tokens: torch.Tensor, reply: list[int] = reply) -> None:
-            nonlocal shown
+        def stream(tokens: torch.Tensor, reply: TextStream = reply) -> None:
             token = int(tokens[0])
-            if token == cfg.eos_token_id:
-                return
-            reply.append(token)
-            text = tokenizer.decode(reply, skip_special_tokens=True)
-            if not text.endswith("\ufffd"):  # a character whose bytes are not all out yet waits
-                sys.stdout.write(text[len(shown) :])
+            if token != cfg.eos_token_id:
+                sys.stdout.write(reply.push(token))
                 sys.stdout.flush()
-                shown = text
 
         seed = None if args.seed is None else args.seed + number
         sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, seed=seed)
         model.generate(
             torch.tensor([prompt]), max_new_tokens=new_tokens, streamer=stream, **(sampling if args.do_sample else {})
         )
-        print(flush=True)
-        messages.append({"role": "assistant", "content": shown})
+        print(reply.finish(), flush=True)
+        messages.append({"role": "assistant", "content": reply.text})
     return 0

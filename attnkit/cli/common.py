@@ -255,11 +255,6 @@ def in_batches(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
         yield batch
 
 
-def encode(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
-    """Token ids of each text, special tokens included, without any padding the tokenizer adds."""
-    return [[i for i, m in zip(e.ids, e.attention_mask, strict=True) if m] for e in tokenizer.encode_batch(texts)]
-
-
 def until_eos(tokens: list[int], eos: int | None) -> list[int]:
     """The generated tokens before the first end token (the rest is padding)."""
     return tokens[: tokens.index(eos)] if eos is not None and eos in tokens else tokens

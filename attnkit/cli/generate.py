@@ -11,7 +11,6 @@ from attnkit.cli.common import (
     add_weights_flag,
     decoding_options,
     emit,
-    encode,
     in_batches,
     input_lines,
     load_for,
@@ -56,7 +55,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from attnkit.data.specials import BOS
+    from attnkit.generation.text import prompt_ids
 
     model = load_for(args.model, "generate", args.weights)
     cfg = model.config
@@ -69,15 +68,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         tokenizer = tokenizer_of(model, args.model, ids_hint=True)
         inputs = input_lines(args, args.prompt)
-    # attnkit's causal-LM objective trains on <s> + text: give its models the same start.
-    starts_with_bos = (
-        tokenizer is not None and cfg.bos_token_id is not None and tokenizer.token_to_id(BOS) == cfg.bos_token_id
-    )
     for index, batch in enumerate(in_batches(inputs, args.batch_size)):
-        prompts = batch if tokenizer is None else encode(tokenizer, batch)
-        if starts_with_bos:
-            prompts = [p if p[:1] == [cfg.bos_token_id] else [cfg.bos_token_id, *p] for p in prompts]
-        for n, prompt in enumerate(prompts):
+        prompts = batch if tokenizer is None else prompt_ids(tokenizer, cfg, batch)
+        for n, prompt in enumerate(prompts):  # an empty --ids prompt
             if not prompt:
                 if cfg.bos_token_id is None:
                     raise ValueError(

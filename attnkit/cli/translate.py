@@ -10,7 +10,6 @@ from attnkit.cli.common import (
     add_weights_flag,
     decoding_options,
     emit,
-    encode,
     in_batches,
     input_lines,
     load_for,
@@ -67,6 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnkit.generation.batches import length_sorted, pad_right
+    from attnkit.generation.text import source_ids
 
     model = load_for(args.model, "translate", args.weights)
     cfg = model.config
@@ -82,11 +82,8 @@ def run(args: argparse.Namespace) -> int:
     for index, window in enumerate(in_batches(input_lines(args, args.text), window_size)):
         lines = [""] * len(window)  # empty sources give empty lines
         rows = [n for n, text in enumerate(window) if text.strip()]
-        sources = encode(tokenizer, [window[n] for n in rows])
+        sources = source_ids(tokenizer, eos, [window[n] for n in rows])
         rows, sources = [n for n, s in zip(rows, sources, strict=True) if s], [s for s in sources if s]
-        for source in sources:  # a source ends with the end token, as in training (Marian's, T5's, attnkit's)
-            if eos is not None and source[-1] != eos:
-                source.append(eos)
         for number, batch in enumerate(length_sorted([len(s) for s in sources], args.batch_size)):
             ids, mask = pad_right([sources[i] for i in batch], pad)
             seed = None if args.seed is None else args.seed + index * SORT_WINDOW + number

@@ -114,12 +114,11 @@ def test_bad_gguf_files_are_refused_in_one_line(tmp_path: Path, capsys: pytest.C
 def test_chat_renders_the_template_as_transformers_and_streams_the_answer(
     tmp_path: Path, pair: tuple, capsys: pytest.CaptureFixture
 ) -> None:
-    from attnkit.cli.chat import render
+    from attnkit.generation.text import chat_prompt
 
     ours, _, tokenizer = pair
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    text = render(ours.chat_template, messages, bos_token="<|im_start|>", eos_token="<|im_end|>")
-    assert ours.tokenizer.encode(text, add_special_tokens=False).ids == tokenizer.apply_chat_template(
+    assert chat_prompt(ours.chat_template, ours.tokenizer, ours.config, messages) == tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False
     )
     ours.save_pretrained(tmp_path / "smollm2")  # the template travels in tokenizer_config.json
