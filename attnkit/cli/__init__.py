@@ -19,13 +19,15 @@ from attnkit import __version__
 # In the order of `attnkit --help`; each names a module of this package.
 COMMANDS = (
     "smoke", "convert", "train", "evaluate", "fill_mask", "info", "average", "figures", "bench", "generate",
-    "chat", "translate",
+    "chat", "translate", "serve",
 )  # fmt: skip
 # Optional modules -> (the package that holds it, the extra of pyproject.toml that installs it).
 EXTRAS = {
     "gguf": ("gguf", "gguf"),
     "matplotlib": ("matplotlib", "plots"),
     "sacrebleu": ("sacrebleu", "eval"),
+    "starlette": ("starlette", "serve"),
+    "uvicorn": ("uvicorn", "serve"),
     "transformers": ("transformers", "hf"),
     "yaml": ("PyYAML", "yaml"),
 }

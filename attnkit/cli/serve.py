@@ -1,0 +1,81 @@
+"""``attnkit serve``: the model behind an HTTP API and a page that shows its attention."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model over HTTP: OpenAI-shaped completions, translation, attention, a live page",
+        description="Serve a model over HTTP (Starlette + uvicorn, the serve extra):\n"
+        "  GET  /                     a page: type a sentence, watch the output stream in and its attention\n"
+        "  GET  /health               {status, model, family}\n"
+        "  GET  /metrics              Prometheus text: requests, tokens, batch sizes, latency\n"
+        "  POST /v1/completions       OpenAI shape (prompt, max_tokens, temperature, top_p, stream) [GPT]\n"
+        "  POST /v1/chat/completions  the same over messages, through the model's chat template [GPT]\n"
+        "  POST /v1/translate         {text, num_beams?, max_new_tokens?, stream?} [encoder-decoder]\n"
+        "  POST /v1/attention         {text, target?} -> tokens and every layer's and head's weights\n"
+        "Completions share one continuous batch (a request joins the running batch at the next step);\n"
+        "translations waiting together are decoded as one batch. stream: true answers with server-sent\n"
+        "events, data: [DONE] last. Errors are {error: {message, type}}. SIGTERM finishes the requests in\n"
+        "flight (new ones get 503) within --drain-seconds, then exits.",
+        epilog="examples:\n"
+        "  attnkit serve --model runs/translate-en-fr/model --weights bf16\n"
+        '  attnkit serve --model runs/smollm2 --port 8080 --api-key "$KEY"\n'
+        '  curl -s localhost:8000/v1/completions -d \'{"prompt": "The capital of France is", "max_tokens": 8}\'',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from attnkit.cli.common import add_model_flag, add_weights_flag
+
+    add_model_flag(parser)
+    add_weights_flag(parser)
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    parser.add_argument(
+        "--api-key", metavar="KEY", default=os.environ.get("ATTNKIT_API_KEY"),
+        help="require Authorization: Bearer KEY on the API and /metrics (default: $ATTNKIT_API_KEY, else none)",
+    )  # fmt: skip
+    parser.add_argument("--name", help="the model's name in answers (default: the directory's name)")
+    parser.add_argument("--max-batch", type=int, default=32, metavar="N", help="rows decoded together (32)")
+    parser.add_argument("--max-queue", type=int, default=256, metavar="N", help="requests waiting; more get 429 (256)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=256, metavar="N", help="most new tokens a request asks (256)"
+    )
+    parser.add_argument("--max-input-tokens", type=int, default=512, metavar="N", help="longest prompt or source (512)")
+    parser.add_argument("--max-beams", type=int, default=8, metavar="K", help="most beams a translation asks (8)")
+    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="N", help="largest request body (1 MiB)")
+    parser.add_argument("--drain-seconds", type=float, default=30.0, metavar="S", help="shutdown deadline (30)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import attnkit
+    from attnkit.machine import keep_freed_memory
+    from attnkit.serve import Limits, create_app
+    from attnkit.serve.server import run as serve
+
+    for flag in ("max_batch", "max_queue", "max_new_tokens", "max_input_tokens", "max_beams", "max_body_bytes"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key is empty; give a key, or leave the flag out to serve without one")
+    keep_freed_memory()
+    model = attnkit.from_pretrained(args.model, weights=args.weights)
+    if getattr(model, "tokenizer", None) is None:
+        raise ValueError(f"{args.model} has no tokenizer, so the server cannot read text; put its tokenizer.json there")
+    limits = Limits(
+        max_body_bytes=args.max_body_bytes, max_input_tokens=args.max_input_tokens, max_new_tokens=args.max_new_tokens,
+        max_beams=args.max_beams, max_batch=args.max_batch, max_queue=args.max_queue,
+    )  # fmt: skip
+    name = args.name or Path(args.model).resolve().name
+    serve(create_app(model, name, limits, args.api_key), args.host, args.port, args.drain_seconds)
+    return 0

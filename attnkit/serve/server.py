@@ -1,0 +1,69 @@
+"""Running the app under uvicorn with a graceful shutdown: the first SIGTERM (or Ctrl-C)
+stops taking requests (503) and lets the ones in flight finish, up to a deadline; a second
+one stops at once."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from types import FrameType
+
+import uvicorn
+
+from attnkit.serve.app import State
+
+log = logging.getLogger("attnkit.serve")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server whose exit first drains: ``state.draining`` refuses new requests while
+    those in flight (``state.in_flight``) finish, for at most ``deadline`` seconds."""
+
+    def __init__(self, config: uvicorn.Config, state: State, deadline: float) -> None:
+        super().__init__(config)
+        self.state, self.deadline = state, deadline
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.state.draining:  # a second signal: stop now
+            super().handle_exit(sig, frame)
+            return
+        self.state.draining = True
+        print(
+            f"attnkit serve: {signal.Signals(sig).name}, finishing {self.state.in_flight} request(s)", file=sys.stderr
+        )
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        end = time.monotonic() + self.deadline
+        while self.state.in_flight and time.monotonic() < end:
+            time.sleep(0.02)
+        if self.state.in_flight:
+            log.warning("%d request(s) still running at the %.0f s deadline", self.state.in_flight, self.deadline)
+        self.should_exit = True
+
+
+def run(app: object, host: str, port: int, deadline: float = 30.0) -> None:
+    """Serve ``app`` on ``host:port`` (0: a free port) until a signal; prints the address once
+    listening (``attnkit serve: listening on http://HOST:PORT``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        raise ValueError(f"cannot listen on {host}:{port} ({err.strerror}); choose another --port") from None
+    state: State = app.state.attnkit  # type: ignore[attr-defined]
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, access_log=False)  # type: ignore[arg-type]
+    server = DrainingServer(config, state, deadline)
+    bound = sock.getsockname()
+    shown = f"[{bound[0]}]" if family == socket.AF_INET6 else bound[0]
+    print(
+        f"attnkit serve: listening on http://{shown}:{bound[1]} ({state.name}, {state.family})",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.run(sockets=[sock])
