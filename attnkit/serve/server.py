@@ -54,6 +54,7 @@ def run(app: object, host: str, port: int, deadline: float = 30.0) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(2048)  # connections wait in the backlog until uvicorn accepts them
     except OSError as err:
         raise ValueError(f"cannot listen on {host}:{port} ({err.strerror}); choose another --port") from None
     state: State = app.state.attnkit  # type: ignore[attr-defined]

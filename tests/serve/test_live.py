@@ -1,0 +1,176 @@
+"""``attnkit serve`` as a real process on loopback: a load of 32 concurrent clients x 8
+mixed requests (every valid one answered correctly, every invalid one with its 4xx, no 5xx,
+memory bounded), a client that goes away mid-stream dropped from the batch, and SIGTERM
+under load finishing every request in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnkit
+from attnkit.generation.text import prompt_ids
+from attnkit.models import Model
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn", reason="the serve extra is not installed: pip install 'attnkit[serve]'")
+
+PROMPTS = ["In the beginning", "And God said", "The earth was", "Blessed are the"]
+
+
+@pytest.fixture(scope="module")
+def gpt_dir(gpt: Model, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("serve") / "tiny-gpt"
+    gpt.save_pretrained(path)
+    return path
+
+
+def expected_texts(directory: Path, max_tokens: int) -> dict[str, str]:
+    model = attnkit.from_pretrained(directory)
+    out = {}
+    for text in PROMPTS:
+        ids = prompt_ids(model.tokenizer, model.config, [text])[0]
+        new = model.generate(torch.tensor([ids]), max_new_tokens=max_tokens)[0, len(ids) :].tolist()
+        eos = model.config.eos_token_id
+        out[text] = model.tokenizer.decode(new[: new.index(eos)] if eos in new else new, skip_special_tokens=True)
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024  # type: ignore[union-attr]
+
+
+def streamed_text(body: str) -> tuple[str, bool]:
+    """The text of a streamed completion and whether it ended with [DONE]."""
+    events = [b[6:] for b in body.split("\n\n") if b.startswith("data: ")]
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    return "".join(c["choices"][0]["text"] for c in chunks), bool(events) and events[-1] == "[DONE]"
+
+
+def test_32_clients_of_mixed_requests(gpt_dir: Path, serving: Callable) -> None:
+    expected = expected_texts(gpt_dir, 8)
+    with serving(gpt_dir, "--max-new-tokens", "32", "--max-batch", "16") as (url, process, _):
+        invalid = [
+            (b"{broken", 400),
+            (json.dumps({"prompt": "x", "max_tokens": 33}).encode(), 413),
+            (json.dumps({"prompt": "x", "colour": "red"}).encode(), 422),
+            (json.dumps({"prompt": [10**7]}).encode(), 400),
+        ]
+        statuses: list[int] = []
+        wrong: list[str] = []
+
+        async def client(number: int, http: httpx.AsyncClient) -> None:
+            for i in range(8):
+                kind = (number + i) % 4
+                text = PROMPTS[(number * 8 + i) % len(PROMPTS)]
+                if kind == 0:
+                    r = await http.post("/v1/completions", json={"prompt": text, "max_tokens": 8, "temperature": 0})
+                    if r.status_code == 200 and r.json()["choices"][0]["text"] != expected[text]:
+                        wrong.append(text)
+                elif kind == 1:
+                    body = {"prompt": text, "max_tokens": 8, "temperature": 0, "stream": True}
+                    r = await http.post("/v1/completions", json=body)
+                    if r.status_code == 200 and streamed_text(r.text) != (expected[text], True):
+                        wrong.append(f"stream {text}")
+                elif kind == 2:
+                    content, status = invalid[(number + i) % len(invalid)]
+                    r = await http.post(
+                        "/v1/completions", content=content, headers={"Content-Type": "application/json"}
+                    )
+                    if r.status_code != status or "error" not in r.json():
+                        wrong.append(f"{content!r} -> {r.status_code}")
+                else:
+                    r = await http.get("/health")
+                statuses.append(r.status_code)
+
+        async def load() -> None:
+            limits = httpx.Limits(max_connections=64)
+            async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+                await client(0, http)  # warm-up
+                warm = rss_bytes(process.pid)
+                started = time.monotonic()
+                await asyncio.gather(*(client(n, http) for n in range(32)))
+                assert time.monotonic() - started < 240
+                grown = rss_bytes(process.pid) - warm
+                assert grown < 300 * 2**20, f"the server grew by {grown / 2**20:.0f} MiB under load"
+                metrics = (await http.get("/metrics")).text
+                assert "attnkit_queue_length 0" in metrics and "attnkit_running_rows 0" in metrics
+
+        asyncio.run(load())
+        assert not wrong, wrong[:5]
+        assert len(statuses) == 33 * 8 and not [s for s in statuses if s >= 500]
+        assert process.poll() is None and httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+def test_a_client_that_goes_away_is_dropped_from_the_batch(gpt: Model, tmp_path: Path, serving: Callable) -> None:
+    long = attnkit.build_model(attnkit.preset("gpt-tiny", vocab_size=gpt.config.vocab_size, max_len=8192))
+    long.tokenizer = gpt.tokenizer
+    long.save_pretrained(tmp_path / "long")  # room for 4000 tokens, seconds of decoding
+    with serving(tmp_path / "long", "--max-new-tokens", "4000") as (url, _, _):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        body = json.dumps({"prompt": "In the beginning", "max_tokens": 4000, "temperature": 0, "stream": True})
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(
+                f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+            )
+            received = b""
+            while b"data: " not in received:  # streaming has begun
+                chunk = sock.recv(65536)
+                assert chunk, received
+                received += chunk
+        deadline = time.monotonic() + 10
+        while "attnkit_running_rows 0" not in httpx.get(f"{url}/metrics").text:
+            assert time.monotonic() < deadline, "the abandoned request kept decoding"
+            time.sleep(0.05)
+        generated = re.search(r"attnkit_generated_tokens_total (\d+)", httpx.get(f"{url}/metrics").text)
+        assert generated is not None and int(generated.group(1)) < 4000  # it stopped long before its 4000 tokens
+        answer = httpx.post(f"{url}/v1/completions", json={"prompt": "And", "max_tokens": 3}, timeout=30)
+        assert answer.status_code == 200
+
+
+def test_sigterm_finishes_every_request_in_flight(gpt_dir: Path, serving: Callable) -> None:
+    expected = expected_texts(gpt_dir, 48)
+    # One row at a time: the 12 requests queue, so SIGTERM lands while most are still waiting.
+    with serving(gpt_dir, "--max-batch", "1", "--drain-seconds", "60") as (url, process, lines):
+        results: list[tuple[str, str, bool]] = []
+        first = threading.Event()
+
+        def ask(text: str) -> None:
+            body = {"prompt": text, "max_tokens": 48, "temperature": 0, "stream": True}
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
+                chunks = []
+                for chunk in r.iter_text():
+                    chunks.append(chunk)
+                    first.set()
+                results.append((text, *streamed_text("".join(chunks))))
+
+        threads = [threading.Thread(target=ask, args=(PROMPTS[n % 4],)) for n in range(12)]
+        for thread in threads:
+            thread.start()
+        assert first.wait(60)
+        time.sleep(0.05)  # let every request arrive
+        process.send_signal(signal.SIGTERM)
+        late = None
+        with contextlib.suppress(httpx.TransportError):  # already closed: refused is fine too
+            late = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
+        for thread in threads:
+            thread.join(120)
+        assert process.wait(60) == 0
+        assert sorted(results) == sorted((PROMPTS[n % 4], expected[PROMPTS[n % 4]], True) for n in range(12))
+        assert late is None or late.status_code == 503
+        drained = [re.search(r"SIGTERM, finishing (\d+) request", line) for line in lines]
+        counts = [int(m.group(1)) for m in drained if m]
+        assert counts and counts[0] >= 2, lines  # the signal came while requests were still in flight
