@@ -10,7 +10,8 @@ earlier commit, side by side), ``recipe`` (variants of a run preset over seeds a
 in a fresh process: ``python -m benchmarks recipe --help``), ``decoding`` (per weight
 format against transformers and CTranslate2: batch-1 GPT-2 greedy with its bandwidth floor,
 Marian-shaped batch-32 beam-4, and a trained translator's BLEU with ``--run DIR``),
-``smollm2`` (the real SmolLM2-135M, batch-1 greedy per format), ``startup`` (the command
+``smollm2`` (the real SmolLM2-135M, batch-1 greedy per format), ``serve`` (``attnkit serve``
+under 1, 8 and 32 concurrent clients against the same requests one at a time), ``startup`` (the command
 line's start-up:
 ``--help`` and one ``translate`` against ``import torch`` + the model load).
 """
@@ -34,6 +35,7 @@ from benchmarks import (
     generation,
     gpu,
     recipe,
+    serve,
     startup,
     training,
     trainspeed,
@@ -191,7 +193,7 @@ def main() -> None:
         sys.exit(recipe.main(sys.argv[2:]))
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     others = ["peak", "attention", "latency", "translation", "gpu", "demo", "recipe", "trainspeed", "startup"]
-    others += ["decoding", "smollm2"]
+    others += ["decoding", "smollm2", "serve"]
     parser.add_argument("suite", choices=[*sorted(SUITES), *others])
     parser.add_argument("--small", action="store_true", help="tiny shapes (a quick check that it runs)")
     parser.add_argument("--repeats", type=int, default=5)
@@ -201,6 +203,8 @@ def main() -> None:
     parser.add_argument("--budget", type=float, help="translation, demo: seconds of training (each side)")
     parser.add_argument("--baseline", default="361eb30", help="trainspeed: the commit to compare with")
     parser.add_argument("--run", type=Path, help="decoding: a trained translator's run directory, scored per format")
+    parser.add_argument("--model", type=Path, default=Path("runs/smollm2"), help="serve: the model (make smollm2)")
+    parser.add_argument("--weights", default="fp32", help="serve: the weight format")
     args = parser.parse_args()
     if args.suite == "demo":
         print(_demo(args.out, args.budget))
@@ -210,6 +214,11 @@ def main() -> None:
         return
     if args.suite == "decoding":
         print(_decoding(args.out, args.small, args.repeats, args.run))
+        return
+    if args.suite == "serve":
+        result = serve.run(args.model, weights=args.weights, small=args.small)
+        _write(args.out, {"serve": result})
+        print(serve.table(result))
         return
     if args.suite == "startup":
         results = startup.run(repeats=args.repeats)

@@ -77,5 +77,5 @@ def run(args: argparse.Namespace) -> int:
         max_beams=args.max_beams, max_batch=args.max_batch, max_queue=args.max_queue,
     )  # fmt: skip
     name = args.name or Path(args.model).resolve().name
-    serve(create_app(model, name, limits, args.api_key), args.host, args.port, args.drain_seconds)
+    serve(create_app(model, name, limits, args.api_key, own_thread=False), args.host, args.port, args.drain_seconds)
     return 0

@@ -531,9 +531,13 @@ def attention_of(model: Model, source: list[int], target: list[int] | None, max_
     return {"ids": token_ids, "layers": cfg.n_layers, "heads": cfg.n_heads, "attention": weights}
 
 
-def create_app(model: Model, name: str, limits: Limits | None = None, api_key: str | None = None) -> Starlette:
-    """The app serving ``model`` (in eval mode, with its tokenizer) under ``name``; the model
-    thread starts with the app and stops with it."""
+def create_app(
+    model: Model, name: str, limits: Limits | None = None, api_key: str | None = None, own_thread: bool = True
+) -> Starlette:
+    """The app serving ``model`` (in eval mode, with its tokenizer) under ``name``. The model
+    loop (:class:`~attnkit.serve.engine.Engine`) starts on a thread of its own with the app
+    and stops with it; ``own_thread=False``: the caller runs ``app.state.attnkit.engine.run()``
+    on a thread of its choosing (the app only stops it)."""
     limits = Limits() if limits is None else limits
     metrics = Metrics()
     engine = Engine(model.eval(), metrics, max_batch=limits.max_batch, max_queue=limits.max_queue)
@@ -572,7 +576,8 @@ def create_app(model: Model, name: str, limits: Limits | None = None, api_key: s
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        engine.start()
+        if own_thread:
+            engine.start()
         try:
             yield
         finally:

@@ -5,14 +5,7 @@ get different outputs, and a mix-up in a batch shows); shared by the server's te
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -23,6 +16,7 @@ from attnkit.data import corpora
 from attnkit.data.tokenizer import specials_of, train_tokenizer
 from attnkit.generation.batches import pad_right
 from attnkit.models import Model, build_model
+from attnkit.serve.server import spawn
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
@@ -96,38 +90,7 @@ def t5(tokenizer: Tokenizer, verses: list[tuple[str, str]]) -> Model:
     return _model("t5-tiny", tokenizer, verses, decoder_start_token_id=specials_of(tokenizer).pad)
 
 
-# serving(directory, *flags) -> a context giving (base URL, the process, its stderr lines)
-Serving = Callable[..., AbstractContextManager[tuple[str, subprocess.Popen, list[str]]]]
-
-
-@contextmanager
-def _serving(directory: Path, *flags: str) -> Iterator[tuple[str, subprocess.Popen, list[str]]]:
-    """``attnkit serve --model directory`` on a free port: (base URL, the process, its stderr lines)."""
-    command = [sys.executable, "-m", "attnkit", "serve", "--model", str(directory), "--port", "0", *flags]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            lines.append(line)
-            if "listening on" in line:
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        if not ready.wait(90):
-            raise AssertionError(f"the server did not start: {''.join(lines)}")
-        url = re.search(r"listening on (http://\S+)", "".join(lines)).group(1)  # type: ignore[union-attr]
-        yield url, process, lines
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(30)
-
-
 @pytest.fixture
-def serving() -> Serving:
-    """``attnkit serve`` as a real process on a free port (see :func:`_serving`)."""
-    return _serving
+def serving() -> Callable:
+    """``attnkit serve`` as a real process on a free port: :func:`attnkit.serve.server.spawn`."""
+    return lambda directory, *flags: spawn(directory, *flags, threads=1)

@@ -6,7 +6,6 @@ in ``build/test-artifacts/``."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,51 +13,31 @@ import pytest
 
 from attnkit.models import Model
 
-webdriver = pytest.importorskip(
-    "selenium.webdriver", reason="the browser extra is not installed: pip install 'attnkit[browser]'"
-)
+pytest.importorskip("selenium", reason="the browser extra is not installed: pip install 'attnkit[browser]'")
 httpx = pytest.importorskip("httpx")
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+from attnkit.serve.browser import chromium, executables, run_page  # noqa: E402
+
 pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or DRIVER is None,
+    executables() is None,
     reason="needs Debian's chromium and chromium-driver (make setup installs them with apt-get where it can)",
 )
 ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
 SENTENCE = "And God said, let there be light."
 
 
-def browser() -> webdriver.Chrome:
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM  # type: ignore[assignment]
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1100,1000"):  # fmt: skip
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)
-
-
 def test_the_page_streams_a_translation_and_draws_its_attention(
     translator: Model, tmp_path: Path, serving: Callable
 ) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import Select
 
     translator.save_pretrained(tmp_path / "translator")
     with serving(tmp_path / "translator") as (url, _, _):
-        driver = browser()
+        driver = chromium()
         try:
-            driver.get(url + "/")
-            wait = WebDriverWait(driver, 60)
-            wait.until(lambda d: "(transformer)" in d.find_element(By.ID, "model").text)
-            box = driver.find_element(By.ID, "input")
-            box.clear()
-            box.send_keys(SENTENCE)
-            driver.find_element(By.ID, "run").click()
-            wait.until(lambda d: int(d.find_element(By.ID, "heatmap").get_attribute("data-rows")) > 0)
-            output = driver.find_element(By.ID, "output").text
-            assert output and "tokens/s" in driver.find_element(By.ID, "status").text
+            output = run_page(driver, url, SENTENCE, timeout=60)
+            assert output and "(transformer)" in driver.find_element(By.ID, "model").text
+            assert "tokens/s" in driver.find_element(By.ID, "status").text
             Select(driver.find_element(By.ID, "kind")).select_by_value("cross")
             reference = httpx.post(f"{url}/v1/attention", json={"text": SENTENCE, "target": output}).json()
             canvas = driver.find_element(By.ID, "heatmap")
