@@ -503,8 +503,8 @@ class Api:
 
 
 def attention_of(model: Model, source: list[int], target: list[int] | None, max_new_tokens: int) -> dict[str, Any]:
-    """One forward pass recording every layer's attention weights, as nested lists
-    [layer][head][query][key] rounded to 4 decimals; an encoder–decoder model without a target
+    """One forward pass recording every layer's attention weights, as nested lists indexed by
+    layer, head, query and key, rounded to 4 decimals; an encoder–decoder model without a target
     translates greedily first."""
     cfg = model.config
     ids = torch.tensor([source])
