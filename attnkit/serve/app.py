@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -51,11 +51,15 @@ class State:
     api_key: str | None = None
     draining: bool = False
     in_flight: int = 0
-    started: float = field(default_factory=time.time)
 
     @property
     def family(self) -> str:
         return self.model.config.family
+
+
+# The fields both completion endpoints take besides their prompt or messages (OpenAI's names).
+SAMPLING = dict(max_tokens="int", temperature="number", top_p="number", stream="bool", seed="int", n="int",
+                model="str", user="str")  # fmt: skip
 
 
 def error_response(err: ApiError) -> JSONResponse:
@@ -260,13 +264,16 @@ class Api:
         return dict(max_new_tokens=max_new, temperature=float(temperature), top_p=float(top_p),
                     seed=body.get("seed"), eos=[] if eos is None else [eos])  # fmt: skip
 
-    async def completions(self, request: HttpRequest) -> Response:
-        body = await read_body(request, self.state.limits.max_body_bytes)
-        spec = dict(prompt="prompt", max_tokens="int", temperature="number", top_p="number", stream="bool",
-                    seed="int", n="int", model="str", user="str")  # fmt: skip
-        body = fields(body, spec, required=("prompt",))
+    async def _completion_body(self, request: HttpRequest, field: str, kind: str, use: str) -> dict[str, Any]:
+        """The body of a completion request: ``field`` (of ``kind``) and the sampling fields."""
+        body = fields(await read_body(request, self.state.limits.max_body_bytes), {field: kind, **SAMPLING}, (field,))
         self._model_field(body)
-        self._need("gpt", use="/v1/completions needs a GPT-family model; use /v1/translate or /v1/attention")
+        self._need("gpt", use=use)
+        return body
+
+    async def completions(self, request: HttpRequest) -> Response:
+        use = "/v1/completions needs a GPT-family model; use /v1/translate or /v1/attention"
+        body = await self._completion_body(request, "prompt", "prompt", use)
         options = self._sampling(body)
         prompt = body["prompt"]
         vocab = self.state.model.config.vocab_size
@@ -287,12 +294,8 @@ class Api:
         return await self._complete(request, prompts, options, body.get("stream", False), chat=False)
 
     async def chat_completions(self, request: HttpRequest) -> Response:
-        body = await read_body(request, self.state.limits.max_body_bytes)
-        spec = dict(messages="messages", max_tokens="int", temperature="number", top_p="number", stream="bool",
-                    seed="int", n="int", model="str", user="str")  # fmt: skip
-        body = fields(body, spec, required=("messages",))
-        self._model_field(body)
-        self._need("gpt", use="/v1/chat/completions needs a GPT-family model with a chat template")
+        use = "/v1/chat/completions needs a GPT-family model with a chat template"
+        body = await self._completion_body(request, "messages", "messages", use)
         template = getattr(self.state.model, "chat_template", None)
         if not template:
             raise ApiError(400, "this server's model has no chat template; use /v1/completions")
