@@ -153,26 +153,41 @@ async def events(job: Job) -> AsyncIterator[tuple[str, Any]]:
         job.cancelled.set()
 
 
-async def outcome(job: Job, request: HttpRequest) -> Any:
-    """The job's result, waiting for it while checking that the client is still there: one
-    that went away has its job cancelled (the model thread drops its row at the next step)."""
+async def _result(job: Job) -> Any:
+    """The job's result once it is done (its streamed tokens passed over)."""
+    while True:
+        kind, value = await job.events.get()
+        if kind == "error":
+            raise ApiError(500, value, "server_error")
+        if kind == "done":
+            return value
+
+
+async def outcomes(jobs: list[Job], request: HttpRequest) -> list[Any]:
+    """The jobs' results, waited for while listening for the client's disconnect: if it goes
+    away, every job is cancelled (the model thread drops their rows at the next step)."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    listener = asyncio.ensure_future(gone())
+    pending = {asyncio.ensure_future(_result(job)): n for n, job in enumerate(jobs)}
+    results: list[Any] = [None] * len(jobs)
     try:
-        waiting = asyncio.ensure_future(job.events.get())
-        while True:
-            done, _ = await asyncio.wait({waiting}, timeout=0.25)
-            if not done:
-                if await request.is_disconnected():
-                    waiting.cancel()
-                    raise ApiError(499, "the client went away", "cancelled")
-                continue
-            kind, value = waiting.result()
-            if kind == "error":
-                raise ApiError(500, value, "server_error")
-            if kind == "done":
-                return value
-            waiting = asyncio.ensure_future(job.events.get())
+        while pending:
+            done, _ = await asyncio.wait({*pending, listener}, return_when=asyncio.FIRST_COMPLETED)
+            if listener in done:
+                raise ApiError(499, "the client went away", "cancelled")
+            for task in done:
+                results[pending.pop(task)] = task.result()
+        return results
     finally:
-        job.cancelled.set()
+        listener.cancel()
+        for task in pending:
+            task.cancel()
+        for job in jobs:
+            job.cancelled.set()
 
 
 def sse(data: Any) -> bytes:
@@ -324,7 +339,7 @@ class Api:
         head = {"id": ident, "created": created, "model": self.state.name}
         if stream:
             return stream_response(self._stream_completion(jobs, head, chat, sum(map(len, prompts))))
-        results = await asyncio.gather(*(outcome(job, request) for job in jobs))
+        results = await outcomes(jobs, request)
         choices, generated = [], 0
         for index, result in enumerate(results):
             text = self._text(result["tokens"])
@@ -431,7 +446,7 @@ class Api:
         prompt_tokens = sum(map(len, sources))
         if stream:
             return stream_response(self._stream_translation(job, len(texts), prompt_tokens))
-        result = await outcome(job, request)
+        (result,) = await outcomes([job], request)
         translations, generated = [], 0
         for tokens in result["tokens"]:
             new_tokens = self._until_eos(tokens)
@@ -495,7 +510,7 @@ class Api:
         limit = min(self.state.limits.max_new_tokens, self.context)
         job = Job("call", asyncio.get_running_loop(), work=lambda: attention_of(model, source, target, limit))
         self._submit(job)
-        result = await outcome(job, request)
+        (result,) = await outcomes([job], request)
         token = self._token_text
         tokens = {key: [token(i) for i in ids] for key, ids in result.pop("ids").items()}
         return JSONResponse({"tokens": tokens, **result})

@@ -114,29 +114,41 @@ def test_32_clients_of_mixed_requests(gpt_dir: Path, serving: Callable) -> None:
         assert process.poll() is None and httpx.get(f"{url}/health").json()["status"] == "ok"
 
 
-def test_a_client_that_goes_away_is_dropped_from_the_batch(gpt: Model, tmp_path: Path, serving: Callable) -> None:
+def _metric(url: str, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} (\S+)$", httpx.get(f"{url}/metrics").text, re.MULTILINE)
+    assert found is not None, name
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_goes_away_is_dropped_from_the_batch(
+    gpt: Model, tmp_path: Path, serving: Callable, stream: bool
+) -> None:
     long = attnkit.build_model(attnkit.preset("gpt-tiny", vocab_size=gpt.config.vocab_size, max_len=8192))
     long.tokenizer = gpt.tokenizer
     long.save_pretrained(tmp_path / "long")  # room for 4000 tokens, seconds of decoding
     with serving(tmp_path / "long", "--max-new-tokens", "4000") as (url, _, _):
         host, port = url.removeprefix("http://").rsplit(":", 1)
-        body = json.dumps({"prompt": "In the beginning", "max_tokens": 4000, "temperature": 0, "stream": True})
+        body = json.dumps({"prompt": "In the beginning", "max_tokens": 4000, "temperature": 0, "stream": stream})
         with socket.create_connection((host, int(port))) as sock:
             sock.sendall(
                 f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
             )
-            received = b""
-            while b"data: " not in received:  # streaming has begun
-                chunk = sock.recv(65536)
-                assert chunk, received
-                received += chunk
-        deadline = time.monotonic() + 10
-        while "attnkit_running_rows 0" not in httpx.get(f"{url}/metrics").text:
+            if stream:
+                received = b""
+                while b"data: " not in received:  # streaming has begun
+                    chunk = sock.recv(65536)
+                    assert chunk, received
+                    received += chunk
+            else:
+                while _metric(url, "attnkit_running_rows") != 1:  # it is decoding
+                    time.sleep(0.01)
+        deadline = time.monotonic() + 30
+        while _metric(url, "attnkit_running_rows") != 0:
             assert time.monotonic() < deadline, "the abandoned request kept decoding"
             time.sleep(0.05)
-        generated = re.search(r"attnkit_generated_tokens_total (\d+)", httpx.get(f"{url}/metrics").text)
-        assert generated is not None and int(generated.group(1)) < 4000  # it stopped long before its 4000 tokens
+        assert _metric(url, "attnkit_batch_rows_count") < 4000  # model calls: it stopped long before its 4000 tokens
         answer = httpx.post(f"{url}/v1/completions", json={"prompt": "And", "max_tokens": 3}, timeout=30)
         assert answer.status_code == 200
 
