@@ -19,7 +19,7 @@ from attnkit import __version__
 # In the order of `attnkit --help`; each names a module of this package.
 COMMANDS = (
     "smoke", "convert", "train", "evaluate", "fill_mask", "info", "average", "figures", "bench", "generate",
-    "chat", "translate", "serve",
+    "chat", "translate", "serve", "embed",
 )  # fmt: skip
 # Optional modules -> (the package that holds it, the extra of pyproject.toml that installs it).
 EXTRAS = {

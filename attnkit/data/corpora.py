@@ -29,6 +29,16 @@ BIBLES: dict[str, str] = {
     "d": "Diodati 1649 (it)",
 }
 SPLITS = ("train", "valid", "test")
+# The database numbers books 1..66 in this (the Protestant canon's) order.
+BOOKS = (
+    "Genesis", "Exodus", "Leviticus", "Numbers", "Deuteronomy", "Joshua", "Judges", "Ruth", "1 Samuel", "2 Samuel",
+    "1 Kings", "2 Kings", "1 Chronicles", "2 Chronicles", "Ezra", "Nehemiah", "Esther", "Job", "Psalms", "Proverbs",
+    "Ecclesiastes", "Song of Solomon", "Isaiah", "Jeremiah", "Lamentations", "Ezekiel", "Daniel", "Hosea", "Joel",
+    "Amos", "Obadiah", "Jonah", "Micah", "Nahum", "Habakkuk", "Zephaniah", "Haggai", "Zechariah", "Malachi",
+    "Matthew", "Mark", "Luke", "John", "Acts", "Romans", "1 Corinthians", "2 Corinthians", "Galatians", "Ephesians",
+    "Philippians", "Colossians", "1 Thessalonians", "2 Thessalonians", "1 Timothy", "2 Timothy", "Titus", "Philemon",
+    "Hebrews", "James", "1 Peter", "2 Peter", "1 John", "2 John", "3 John", "Jude", "Revelation",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,26 @@ def _verses(code: str) -> dict[tuple[int, int, int], str]:
     with sqlite3.connect(f"file:{bible_db()}?mode=ro", uri=True) as db:  # read-only
         rows = db.execute("SELECT bNumber, cNumber, vNumber, vText FROM bible WHERE bbName = ?", (code,)).fetchall()
     return {(b, c, v): normalise(text) for b, c, v, text in rows if text.strip()}
+
+
+def reference(key: tuple[int, int, int]) -> str:
+    """A verse's usual name: (40, 5, 44) -> "Matthew 5:44" (Psalms' verses "Psalm 23:1")."""
+    book, chapter, verse = key
+    name = BOOKS[book - 1] if 1 <= book <= len(BOOKS) else f"book {book}"
+    return f"{'Psalm' if name == 'Psalms' else name} {chapter}:{verse}"
+
+
+def bible_verses(code: str = "4", books: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    """(reference, text) of every verse of one translation in canonical order, or of the
+    named ``books`` only ("Matthew", "Psalms", ...)."""
+    wanted = None
+    if books is not None:
+        unknown = [b for b in books if b not in BOOKS]
+        if unknown:
+            raise ValueError(f"unknown book(s) {', '.join(map(repr, unknown))}; the books are: {', '.join(BOOKS)}")
+        wanted = {BOOKS.index(b) + 1 for b in books}
+    verses = _verses(code)
+    return [(reference(key), verses[key]) for key in sorted(verses) if wanted is None or key[0] in wanted]
 
 
 def split_by_chapter(

@@ -8,6 +8,7 @@ wire them and speak the ecosystem's API at the edge (``attention_mask`` 1 = real
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -297,3 +298,30 @@ class EncoderOnlyModel(Model):
         pooled = self.pooler(h[:, 0]) if self.pooler is not None else None
         attentions = {"encoder": record} if record is not None else {}
         return ModelOutput(h, logits, pooler_output=pooled, attentions=attentions)
+
+    @torch.no_grad()
+    def encode(self, texts: Sequence[str], normalize: bool = True, batch_size: int = 32) -> Tensor:
+        """Sentence embeddings (N, d_model) of ``texts`` with the model's tokenizer: the last
+        hidden states averaged over each text's real tokens (as sentence-transformers pools
+        all-MiniLM-L6-v2), unit length with ``normalize`` (dot products are then cosines).
+        Texts longer than the model's positions are cut there."""
+        from attnkit.generation.batches import length_sorted, pad_right
+        from attnkit.generation.text import encode
+        from attnkit.nn.pooling import mean_pool
+        from attnkit.nn.pooling import normalize as unit
+
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of strings, got one str; wrap it in a list")
+        tokenizer = getattr(self, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("this model has no tokenizer to read text with; load it from a directory that has one")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        device = self.embeddings.token.weight.device
+        ids = [row[: self.config.max_len] for row in encode(tokenizer, list(texts))]
+        vectors = torch.zeros(len(ids), self.config.d_model, device=device)
+        for batch in length_sorted([len(row) for row in ids], batch_size):  # texts of similar length together
+            input_ids, mask = pad_right([ids[i] for i in batch], self.config.pad_token_id or 0, device)
+            hidden = self(input_ids, mask).last_hidden_state.float()  # (B, T, d)
+            vectors[torch.tensor(batch, device=device)] = mean_pool(hidden, mask)
+        return unit(vectors) if normalize else vectors
