@@ -10,7 +10,8 @@ earlier commit, side by side), ``recipe`` (variants of a run preset over seeds a
 in a fresh process: ``python -m benchmarks recipe --help``), ``decoding`` (per weight
 format against transformers and CTranslate2: batch-1 GPT-2 greedy with its bandwidth floor,
 Marian-shaped batch-32 beam-4, and a trained translator's BLEU with ``--run DIR``),
-``smollm2`` (the real SmolLM2-135M, batch-1 greedy per format), ``serve`` (``attnkit serve``
+``smollm2`` (the real SmolLM2-135M, batch-1 greedy per format), ``embed`` (MiniLM sentence
+embeddings against sentence-transformers' pooling on transformers), ``serve`` (``attnkit serve``
 under 1, 8 and 32 concurrent clients against the same requests one at a time), ``startup`` (the command
 line's start-up:
 ``--help`` and one ``translate`` against ``import torch`` + the model load).
@@ -30,6 +31,7 @@ from benchmarks import (
     attention,
     decoding,
     demo,
+    embed,
     fastpaths,
     forward,
     generation,
@@ -45,6 +47,7 @@ from benchmarks.common import machine, report
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SUITES = {
+    "embed": (embed.run, "Sentence embeddings, real all-MiniLM-L6-v2 weights (2 threads)"),
     "fastpaths": (fastpaths.run, "Fast paths before they are built: attnkit's three projections vs one fused"),
     "forward": (forward.run, "Forward throughput, fp32, identical weights"),
     "generation": (generation.run, "Generation throughput, fp32, identical weights"),

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ("attention", ["--small"]),
         ("gpu", ["--small", "--device", "cpu"]),
         ("startup", []),
+        ("embed", ["--small"]),
     ],
 )
 def test_suite_runs_and_writes_json(suite: str, options: list[str], tmp_path: Path) -> None:

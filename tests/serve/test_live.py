@@ -186,3 +186,17 @@ def test_sigterm_finishes_every_request_in_flight(gpt_dir: Path, serving: Callab
         drained = [re.search(r"SIGTERM, finishing (\d+) request", line) for line in lines]
         counts = [int(m.group(1)) for m in drained if m]
         assert counts and counts[0] >= 2, lines  # the signal came while requests were still in flight
+
+
+def test_the_serve_benchmark_runs(gpt_dir: Path, tmp_path: Path) -> None:
+    """``python -m benchmarks serve`` end to end on the tiny model (its numbers are not checked)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "serve.json"
+    command = [sys.executable, "-m", "benchmarks", "serve", "--small", "--model", str(gpt_dir), "--out", str(out)]
+    result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    served = json.loads(out.read_text())["serve"]["served"]
+    assert set(served) == {"1", "8", "32"} and all(row["tokens"] > 0 for row in served.values())
