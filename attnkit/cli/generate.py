@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = tokenizer_of(model, args.model, ids_hint=True)
         inputs = input_lines(args, args.prompt)
     for index, batch in enumerate(in_batches(inputs, args.batch_size)):
-        prompts = batch if tokenizer is None else prompt_ids(tokenizer, cfg, batch)
+        prompts = batch if tokenizer is None else prompt_ids(tokenizer, cfg, batch, index * args.batch_size + 1)
         for n, prompt in enumerate(prompts):  # an empty --ids prompt
             if not prompt:
                 if cfg.bos_token_id is None:

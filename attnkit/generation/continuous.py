@@ -107,10 +107,11 @@ class ContinuousBatch:
         else:
             assert self.key_mask is not None and self.last is not None and self.next_position is not None
             length = max(len(self.cache), len(cache))
-            self.key_mask = torch.cat(
+            key_mask = torch.cat(
                 [F.pad(self.key_mask, (length - self.key_mask.shape[1], 0)), F.pad(real, (length - real.shape[1], 0))]
             )
-            self.cache.join(cache)
+            self.cache.join(cache)  # the batch's state changes only once this has succeeded
+            self.key_mask = key_mask
             self.last = torch.cat([self.last, last])
             self.next_position = torch.cat([self.next_position, next_position])
         self.requests += joined

@@ -11,10 +11,11 @@ from attnkit.config import ModelConfig
 from attnkit.data.specials import BOS
 
 
-def prompt_ids(tokenizer: Tokenizer, cfg: ModelConfig, texts: Sequence[str]) -> list[list[int]]:
+def prompt_ids(tokenizer: Tokenizer, cfg: ModelConfig, texts: Sequence[str], first: int = 1) -> list[list[int]]:
     """Decoder-only prompts: each text's ids with the tokenizer's special tokens, after ``<s>``
     where the model is attnkit's own (its causal-LM objective trains on ``<s>`` + text); an
-    empty prompt is the start token alone, refused where the model has none."""
+    empty prompt is the start token alone, refused where the model has none (named by its
+    number, ``first`` for the first text)."""
     starts_with_bos = cfg.bos_token_id is not None and tokenizer.token_to_id(BOS) == cfg.bos_token_id
     prompts = encode(tokenizer, list(texts))
     for n, prompt in enumerate(prompts):
@@ -23,7 +24,7 @@ def prompt_ids(tokenizer: Tokenizer, cfg: ModelConfig, texts: Sequence[str]) -> 
         if not prompt:
             if cfg.bos_token_id is None:
                 raise ValueError(
-                    f"prompt {n + 1} is empty and the model has no bos_token_id to start from; give it some text"
+                    f"prompt {first + n} is empty and the model has no bos_token_id to start from; give it some text"
                 )
             prompt.append(cfg.bos_token_id)
     return prompts
@@ -45,6 +46,11 @@ def encode(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
     return [[i for i, m in zip(e.ids, e.attention_mask, strict=True) if m] for e in tokenizer.encode_batch(texts)]
 
 
+class TemplateRefusalError(ValueError):
+    """A chat template's own refusal of a conversation (``raise_exception`` in the template:
+    roles that do not alternate, a system message it does not take)."""
+
+
 def chat_prompt(template: str, tokenizer: Tokenizer, cfg: ModelConfig, messages: list[dict[str, str]]) -> list[int]:
     """The conversation as the model was trained to read it, the assistant's turn opened, as
     ids; rendered in a sandbox (a template is data from the checkpoint, not code to trust)."""
@@ -56,7 +62,12 @@ def chat_prompt(template: str, tokenizer: Tokenizer, cfg: ModelConfig, messages:
         for name, i in (("bos_token", cfg.bos_token_id), ("eos_token", cfg.eos_token_id))
         if i is not None
     }
+
+    def refuse(message: str) -> None:  # templates call it on a conversation they do not take
+        raise TemplateRefusalError(message)
+
     environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment.globals["raise_exception"] = refuse
     try:
         text = environment.from_string(template).render(messages=messages, add_generation_prompt=True, **specials)
     except TemplateError as err:

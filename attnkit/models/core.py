@@ -318,7 +318,8 @@ class EncoderOnlyModel(Model):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         device = self.embeddings.token.weight.device
-        ids = [row[: self.config.max_len] for row in encode(tokenizer, list(texts))]
+        cap = self.config.max_len  # a longer text is cut before its last token ([SEP]), which is kept
+        ids = [row if len(row) <= cap else [*row[: cap - 1], row[-1]] for row in encode(tokenizer, list(texts))]
         vectors = torch.zeros(len(ids), self.config.d_model, device=device)
         for batch in length_sorted([len(row) for row in ids], batch_size):  # texts of similar length together
             input_ids, mask = pad_right([ids[i] for i in batch], self.config.pad_token_id or 0, device)

@@ -26,7 +26,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from attnkit.generation.text import TextStream, chat_prompt, prompt_ids, source_ids
+from attnkit.generation.text import TemplateRefusalError, TextStream, chat_prompt, prompt_ids, source_ids
 from attnkit.models.core import Model
 from attnkit.serve.engine import Engine, Job, QueueFullError
 from attnkit.serve.metrics import Metrics
@@ -57,6 +57,10 @@ class State:
         return self.model.config.family
 
 
+# Sampling below this temperature is greedy in all but overflow: refused, 0 asks for greedy.
+MIN_TEMPERATURE = 0.01
+# Attention maps are layers x heads x queries x keys numbers: the endpoint reads at most this many tokens.
+MAX_ATTENTION_TOKENS = 128
 # The fields both completion endpoints take besides their prompt or messages (OpenAI's names).
 SAMPLING = dict(max_tokens="int", temperature="number", top_p="number", stream="bool", seed="int", n="int",
                 model="str", user="str")  # fmt: skip
@@ -140,7 +144,8 @@ async def read_body(request: HttpRequest, limit: int) -> dict[str, Any]:
 
 async def events(job: Job) -> AsyncIterator[tuple[str, Any]]:
     """The job's events until its end; the job is cancelled if the consumer stops early (the
-    client went away: the model thread drops its row at the next step)."""
+    client went away: a completion's row leaves the batch at the next step; a translation,
+    decoded by one ``generate`` call, runs to its end)."""
     try:
         while True:
             kind, value = await job.events.get()
@@ -238,16 +243,17 @@ class Api:
                 "shorten it or ask for fewer tokens",
             )
 
-    def _submit(self, job: Job) -> None:
+    def _submit(self, *jobs: Job) -> None:
         try:
-            self.state.engine.submit(job)
+            self.state.engine.submit(*jobs)
         except QueueFullError as err:
             raise ApiError(429, str(err), "rate_limit_error") from None
 
     # ---- GET -----------------------------------------------------------------------------
     async def health(self, request: HttpRequest) -> Response:
         status = "draining" if self.state.draining else "ok"
-        body = {"status": status, "model": self.state.name, "family": self.state.family}
+        limits = {"max_new_tokens": self.state.limits.max_new_tokens, "max_beams": self.state.limits.max_beams}
+        body = {"status": status, "model": self.state.name, "family": self.state.family, "limits": limits}
         return JSONResponse(body, status_code=503 if self.state.draining else 200)
 
     async def metrics(self, request: HttpRequest) -> Response:
@@ -270,6 +276,10 @@ class Api:
         in_range("max_tokens", max_new, 1, self.state.limits.max_new_tokens, limit=True)
         temperature = body.get("temperature", 1.0)
         in_range("temperature", temperature, 0.0, 2.0)
+        if 0 < temperature < MIN_TEMPERATURE:  # logits / 1e-40 overflow to inf
+            raise ApiError(422, f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {temperature}")
+        if "seed" in body:
+            in_range("seed", body["seed"], 0, 2**63 - 1)
         top_p = body.get("top_p", 1.0)
         if not 0 < top_p <= 1:
             raise ApiError(422, f"top_p must be in (0, 1], got {top_p}")
@@ -323,6 +333,8 @@ class Api:
         options = self._sampling(body)
         try:
             ids = chat_prompt(template, self.tokenizer, self.state.model.config, messages)
+        except TemplateRefusalError as err:  # the template's own check of the conversation
+            raise ApiError(400, f"the model's chat template refuses this conversation: {err}") from None
         except ValueError as err:
             raise ApiError(500, str(err), "server_error") from None
         self._check_length(ids, "the conversation", options["max_new_tokens"])
@@ -333,8 +345,7 @@ class Api:
     ) -> Response:
         loop = asyncio.get_running_loop()
         jobs = [Job("complete", loop, {**options, "ids": ids}) for ids in prompts]
-        for job in jobs:
-            self._submit(job)
+        self._submit(*jobs)  # all or none: a full queue refuses the whole request
         ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
         head = {"id": ident, "created": created, "model": self.state.name}
         if stream:
@@ -507,13 +518,19 @@ class Api:
             )
             self._check_length(source, "the text", 0)
             target = None
-        limit = min(self.state.limits.max_new_tokens, self.context)
+        for what, ids in (("the text", source), ("the target", target or [])):
+            if len(ids) > MAX_ATTENTION_TOKENS:
+                raise ApiError(
+                    413, f"{what} is {len(ids)} tokens; attention maps are drawn for at most {MAX_ATTENTION_TOKENS}"
+                )
+        limit = min(self.state.limits.max_new_tokens, MAX_ATTENTION_TOKENS)
         job = Job("call", asyncio.get_running_loop(), work=lambda: attention_of(model, source, target, limit))
         self._submit(job)
         (result,) = await outcomes([job], request)
         token = self._token_text
         tokens = {key: [token(i) for i in ids] for key, ids in result.pop("ids").items()}
-        return JSONResponse({"tokens": tokens, **result})
+        text = await asyncio.to_thread(json.dumps, {"tokens": tokens, **result})  # megabytes: not on the loop
+        return Response(text, media_type="application/json")
 
     def _token_text(self, i: int) -> str:
         text = self.tokenizer.decode([i], skip_special_tokens=False)

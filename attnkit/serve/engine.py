@@ -48,7 +48,10 @@ class Job:
     request: Request | None = None
 
     def emit(self, kind: str, value: Any) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the loop is closed (a shutdown past its deadline): nobody is listening
+            self.cancelled.set()
 
 
 class QueueFullError(Exception):
@@ -83,10 +86,12 @@ class Engine:
     def pending(self) -> int:
         return self.jobs.qsize() + len(self.waiting)
 
-    def submit(self, job: Job) -> None:
-        if self.pending() >= self.max_queue:
+    def submit(self, *jobs: Job) -> None:
+        """Queue ``jobs``, all or none: refused whole when they would pass ``max_queue``."""
+        if self.pending() + len(jobs) > self.max_queue:
             raise QueueFullError(f"{self.pending()} requests are waiting (--max-queue {self.max_queue}); retry later")
-        self.jobs.put(job)
+        for job in jobs:
+            self.jobs.put(job)
 
     def run(self) -> None:
         """The loop, on the calling thread, until :meth:`stop`. ``attnkit serve`` runs it on the
@@ -104,9 +109,23 @@ class Engine:
                     self.waiting.append(self.jobs.get_nowait())
             except queue.Empty:
                 pass
-            self._serve_waiting()
-            if self.running:
-                self._step()
+            try:
+                self._serve_waiting()
+                if self.running:
+                    self._step()
+            except Exception:  # a bug here must not leave every later request hanging
+                log.exception("the model loop failed; its running requests are failed and it goes on")
+                self._reset()
+
+    def _reset(self) -> None:
+        """Fail what runs and waits, and start from an empty batch."""
+        jobs = [*self.running.values(), *self.waiting]
+        self.running.clear()
+        self.waiting = []
+        if self.batch is not None:
+            self.batch = ContinuousBatch(self.model)
+        for job in jobs:
+            job.emit("error", "the model loop failed on this request; see the server's log")
 
     def _serve_waiting(self) -> None:
         waiting, self.waiting = self.waiting, []

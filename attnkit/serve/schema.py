@@ -35,8 +35,8 @@ class Limits:
 def parse_json(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"the body is not valid JSON ({err}); send a JSON object") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise ApiError(400, f"the body is not valid JSON ({err or 'nested too deeply'}); send a JSON object") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the body is a JSON {type(body).__name__}; send a JSON object")
     return body

@@ -35,7 +35,7 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.state.draining:  # a second signal: stop now
-            super().handle_exit(sig, frame)
+            self.force_exit = self.should_exit = True
             return
         self.state.draining = True
         print(

@@ -5,7 +5,7 @@ they come, the nearest texts by cosine.
 The corpus's embeddings are cached on disk, ``<cache>/<corpus>-<fingerprint>/`` holding
 ``embeddings.safetensors`` (the unit vectors) beside ``index.json`` (the references and texts,
 in the same order). The fingerprint hashes the model's weights and tokenizer and the corpus's
-texts, so a changed model or corpus is embedded again, never read stale; a damaged cache is
+references and texts, so a changed model or corpus is embedded again, never read stale; a damaged cache is
 rebuilt. Files are written to a temporary name and renamed, so an interrupted build leaves
 nothing half-written.
 """
@@ -59,7 +59,7 @@ class Index:
 
 
 def fingerprint(model: EncoderOnlyModel, texts: Sequence[str]) -> str:
-    """A hash of the model's weights, its tokenizer and ``texts``: what the embeddings depend on."""
+    """A hash of the model's weights, its tokenizer and ``texts``: what an index depends on."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
@@ -87,13 +87,14 @@ def cached(
     these texts, else built and written there; returns it and whether it came from the cache."""
     if not items:
         raise ValueError(f"the corpus {name!r} is empty: there is nothing to search; give it at least one text")
-    directory = cache / f"{name}-{fingerprint(model, [t for _, t in items])}"
+    keys = [reference + "\t" + text for reference, text in items]
+    directory = cache / f"{name}-{fingerprint(model, keys)}"
     try:
         meta = json.loads((directory / INDEX).read_text(encoding="utf-8"))
         vectors = load_file(directory / EMBEDDINGS)["vectors"]
         if vectors.shape[0] == len(meta["texts"]) == len(meta["references"]):
             return Index(meta["references"], meta["texts"], vectors), True
-    except (OSError, ValueError, KeyError, TypeError):  # missing or damaged: build it again
+    except Exception:  # missing or damaged (safetensors' own error included): build it again
         pass
     index = build(model, items, batch_size)
     directory.mkdir(parents=True, exist_ok=True)

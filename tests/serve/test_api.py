@@ -62,7 +62,9 @@ def error_of(response: httpx.Response, status: int, fragment: str) -> None:
 
 
 def test_health(gpt_client: TestClient, translator_client: TestClient) -> None:
-    assert gpt_client.get("/health").json() == {"status": "ok", "model": "tiny-gpt", "family": "gpt"}
+    health = gpt_client.get("/health").json()
+    assert health == {"status": "ok", "model": "tiny-gpt", "family": "gpt",
+                      "limits": {"max_new_tokens": 64, "max_beams": 8}}  # fmt: skip
     assert translator_client.get("/health").json()["family"] == "transformer"
     page = gpt_client.get("/")
     assert (
@@ -199,6 +201,14 @@ def test_metrics_count_requests_and_tokens(gpt_client: TestClient) -> None:
         ("/v1/completions", {"prompt": "x", "max_tokens": 65}, 413, "over this server's limit of 64"),
         ("/v1/completions", {"prompt": "x", "temperature": -1}, 422, "temperature must be between 0.0 and 2.0"),
         ("/v1/completions", {"prompt": "x", "top_p": 0}, 422, "top_p must be in (0, 1]"),
+        (
+            "/v1/completions",
+            {"prompt": "x", "temperature": 1e-40},
+            422,
+            "temperature must be 0 (greedy) or at least 0.01",
+        ),
+        ("/v1/completions", {"prompt": "x", "seed": 2**64}, 422, "seed must be between 0 and"),
+        ("/v1/completions", b"[" * 100000, 400, "is not valid JSON"),
         ("/v1/completions", {"prompt": "x", "n": 2}, 422, "n must be 1"),
         ("/v1/completions", {"prompt": "   "}, 400, "a prompt is empty"),
         ("/v1/completions", {"prompt": [3, 10**6]}, 400, "token id 1000000 is out of range"),
@@ -211,6 +221,7 @@ def test_metrics_count_requests_and_tokens(gpt_client: TestClient) -> None:
         ("/v1/translate", {"text": "hi"}, 400, "needs an encoder-decoder model"),
         ("/v1/attention", {"text": ""}, 400, "text is empty"),
         ("/v1/attention", {"text": "x", "layers": 2}, 422, "unknown field(s) layers"),
+        ("/v1/attention", {"text": "x " * 90}, 413, "attention maps are drawn for at most 128"),
     ],
 )
 def test_bad_requests_get_their_status_and_json(
@@ -290,3 +301,24 @@ def test_a_full_queue_is_429_and_a_draining_server_503(gpt: Model) -> None:
     refused, draining = asyncio.run(scenario())
     error_of(refused, 429, "1 requests are waiting (--max-queue 1)")
     error_of(draining, 503, "the server is shutting down")
+
+
+def test_a_template_that_refuses_a_conversation_is_a_400(gpt: Model) -> None:
+    strict = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system messages') }}{% endif %}x"
+    original = gpt.chat_template
+    gpt.chat_template = strict
+    try:
+        with TestClient(create_app(gpt, "g")) as client:
+            body = {"messages": [{"role": "system", "content": "be brief"}], "max_tokens": 2}
+            error_of(
+                client.post("/v1/chat/completions", json=body), 400, "refuses this conversation: no system messages"
+            )
+    finally:
+        gpt.chat_template = original
+
+
+def test_a_request_of_several_prompts_is_queued_whole_or_not_at_all(gpt: Model) -> None:
+    app = create_app(gpt, "g", Limits(max_queue=2))  # no lifespan: nothing leaves the queue
+    client = TestClient(app)
+    error_of(client.post("/v1/completions", json={"prompt": ["a", "b", "c"]}), 429, "requests are waiting")
+    assert app.state.attnkit.engine.pending() == 0  # none of the three was left behind

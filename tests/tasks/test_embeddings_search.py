@@ -90,9 +90,19 @@ def test_search_finds_the_verses_and_embeds_the_corpus_once(
     assert main([*flags, *queries]) == 0
     second = capsys.readouterr()
     assert encoded == [len(queries)] and second.out == first.out and "embedded" not in second.err  # the cache, read
-    (cache / EMBEDDINGS).write_bytes(b"damaged")
-    index, reused = cached(model, list(verses.items())[:20], "bible-4-Ruth-Jonah-Matthew", tmp_path)
-    assert not reused and len(index.texts) == 20  # another corpus: its own entry, built
+
+
+def test_a_damaged_or_changed_cache_is_built_again(model: EncoderOnlyModel, tmp_path: Path) -> None:
+    verses = bible_verses("4", ["Jonah"])[:20]
+    first, reused = cached(model, verses, "jonah", tmp_path)
+    assert not reused and cached(model, verses, "jonah", tmp_path)[1]
+    entry = next(tmp_path.iterdir())
+    (entry / EMBEDDINGS).write_bytes(b"damaged")
+    again, reused = cached(model, verses, "jonah", tmp_path)
+    assert not reused and torch.equal(again.vectors, first.vectors)
+    renamed = [(f"Jonah {n}", text) for n, (_, text) in enumerate(verses)]  # same texts, other references
+    index, reused = cached(model, renamed, "jonah", tmp_path)
+    assert not reused and index.references[0] == "Jonah 0"
 
 
 def test_bad_input_is_one_line(model: EncoderOnlyModel, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
