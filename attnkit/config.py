@@ -57,6 +57,11 @@ class ModelConfig:
     logits_bias: bool = False  # a bias on the vocabulary logits (Marian, BERT's MLM head)
     lm_head: bool = True  # a vocabulary head (BERT: the MLM head; False = bare encoder)
     pooler: bool = False  # BERT's tanh pooler over the first token
+    # A sequence-classification head (BERT): its label names, () for none. It reads the pooled
+    # first token ("cls": the pooler's output, or the raw state without a pooler) or the mean of
+    # the real tokens ("mean", as sentence embeddings are pooled), then dropout and a linear map.
+    labels: tuple[str, ...] = ()
+    classifier_pooling: Literal["cls", "mean"] = "cls"
     init_std: float = 0.02
     pad_token_id: int = 0
     bos_token_id: int | None = None
@@ -94,6 +99,13 @@ class ModelConfig:
             raise ValueError(f"rotary positions need an even per-head width and rope_theta > 0, got {self.rope_theta}")
         if self.positional == "relative" and self.family != "t5":
             raise ValueError("positional='relative' is T5's; use 'sinusoidal' or 'learned' for " + self.family)
+        if self.labels:
+            if self.family != "bert":
+                raise ValueError(f"labels (a classification head) are for BERT-family encoders, not {self.family}")
+            if self.lm_head:
+                raise ValueError("a classifier has no masked-LM head: set lm_head=False beside labels")
+            if len(set(self.labels)) != len(self.labels) or not all(self.labels) or len(self.labels) < 2:
+                raise ValueError(f"labels must be 2 or more distinct, non-empty names, got {list(self.labels)}")
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:

@@ -18,7 +18,8 @@ def build_bert(cfg: ModelConfig) -> EncoderOnlyModel:
 
     The MLM head (``lm_head``) is BERT's: dense + GELU + LayerNorm, then the decoder tied to
     the token embedding, plus a per-token bias. The pooler is a tanh dense layer over the
-    first ([CLS]) position.
+    first ([CLS]) position. With ``labels``, a sequence classifier (dropout + linear, as
+    ``BertForSequenceClassification``) reads the pooled sequence instead of a vocabulary head.
     """
     token = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_token_id)
     segments = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
@@ -32,7 +33,9 @@ def build_bert(cfg: ModelConfig) -> EncoderOnlyModel:
         )
         head = LMHead(cfg.d_model, cfg.vocab_size, cfg.tie_embeddings, cfg.logits_bias, transform=transform)
     pooler = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.Tanh()) if cfg.pooler else None
-    model = EncoderOnlyModel(cfg, embeddings, Encoder(build.encoder_layers(cfg), build.final_norm(cfg)), head, pooler)
+    classifier = nn.Sequential(nn.Dropout(cfg.dropout), nn.Linear(cfg.d_model, len(cfg.labels))) if cfg.labels else None
+    encoder = Encoder(build.encoder_layers(cfg), build.final_norm(cfg))
+    model = EncoderOnlyModel(cfg, embeddings, encoder, head, pooler, classifier)
     build.init_normal(model, cfg.init_std)
     return model
 

@@ -275,10 +275,12 @@ class EncoderOnlyModel(Model):
         encoder: Encoder,
         head: LMHead | None,
         pooler: nn.Module | None,
+        classifier: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.embeddings, self.encoder, self.head, self.pooler = embeddings, encoder, head, pooler
+        self.classifier = classifier
 
     def forward(
         self,
@@ -296,8 +298,19 @@ class EncoderOnlyModel(Model):
         h = self.encoder(self.embeddings(input_ids, token_type_ids=token_type_ids), mask, record)
         logits = self.head(h, self.embeddings.token.weight) if self.head is not None else None
         pooled = self.pooler(h[:, 0]) if self.pooler is not None else None
+        if self.classifier is not None:  # (B, labels): the sequence's class logits
+            logits = self.classifier(self._sequence(h, pooled, attention_mask, input_ids))
         attentions = {"encoder": record} if record is not None else {}
         return ModelOutput(h, logits, pooler_output=pooled, attentions=attentions)
+
+    def _sequence(self, h: Tensor, pooled: Tensor | None, attention_mask: Tensor | None, ids: Tensor) -> Tensor:
+        """What the classifier reads (B, d_model): the pooled first token, or the real tokens' mean."""
+        if self.config.classifier_pooling == "mean":
+            from attnkit.nn.pooling import mean_pool
+
+            mask = torch.ones_like(ids) if attention_mask is None else attention_mask
+            return mean_pool(h, mask)
+        return h[:, 0] if pooled is None else pooled
 
     @torch.no_grad()
     def encode(self, texts: Sequence[str], normalize: bool = True, batch_size: int = 32) -> Tensor:

@@ -6,7 +6,9 @@ the MLM head under ``cls.predictions``, no pooler; ``lm_head=True, pooler=False`
 parts a checkpoint has is read from its tensors (:func:`config_from_tensors`), falling back
 on ``architectures``. ``BertForPreTraining`` files (both parts, as the original
 ``bert-base-uncased``) load too; their next-sentence classifier ``cls.seq_relationship``,
-which attnkit has no module for, is dropped.
+which attnkit has no module for, is dropped. ``BertForSequenceClassification`` (``bert.``
+keys, the pooler, ``classifier.*`` at the top level) is attnkit's BERT with ``labels``, named
+by the checkpoint's ``id2label``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,23 @@ _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 _DROPPED = ("cls.seq_relationship.weight", "cls.seq_relationship.bias")
 
 _MLM = "BertForMaskedLM"
+_CLASSIFIER = "BertForSequenceClassification"
+# Keys outside the ``bert.`` prefix in a file: the MLM head's and the classifier's.
+_TOP = ("cls.", "classifier.")
+
+
+def _labels(data: dict[str, Any]) -> tuple[str, ...]:
+    """The label names of a classifier's config: ``id2label`` in id order, else LABEL_i."""
+    id2label = data.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        try:
+            ordered = sorted((int(k), v) for k, v in id2label.items())
+        except (TypeError, ValueError):
+            raise ValueError(f"id2label must map ids to names, got {id2label}") from None
+        if [i for i, _ in ordered] != list(range(len(ordered))) or not all(isinstance(v, str) for _, v in ordered):
+            raise ValueError(f"id2label must name every id 0..n-1 once, got {id2label}")
+        return tuple(v for _, v in ordered)
+    return tuple(f"LABEL_{i}" for i in range(int(data.get("num_labels", 2))))
 
 
 def config_from_hf(data: dict[str, Any]) -> ModelConfig:
@@ -68,16 +87,23 @@ def config_from_hf(data: dict[str, Any]) -> ModelConfig:
         # Refined from the tensors by config_from_tensors; these are the architectures' defaults.
         lm_head=any(a in (_MLM, "BertForPreTraining") for a in architectures),
         pooler=_MLM not in architectures,
+        labels=_labels(data) if _CLASSIFIER in architectures else (),
     )
 
 
 def config_from_tensors(cfg: ModelConfig, tensors: dict[str, Tensor]) -> ModelConfig:
     """The parts the checkpoint really holds: an MLM head iff it has ``cls.predictions.*``,
-    a pooler iff it has ``pooler.dense.*`` (whatever ``architectures`` says)."""
+    a pooler iff it has ``pooler.dense.*``, a classifier iff it has ``classifier.weight``
+    (whatever ``architectures`` says; its label count from the weight when the config has
+    no names for them)."""
     keys = {k.removeprefix("bert.") for k in tensors}
     lm_head = any(k.startswith("cls.predictions.") for k in keys)
     pooler = any(k.startswith("pooler.dense.") for k in keys)
-    return cfg.replace(lm_head=lm_head, pooler=pooler)
+    labels: tuple[str, ...] = ()
+    if "classifier.weight" in tensors:
+        count = tensors["classifier.weight"].shape[0]
+        labels = cfg.labels if len(cfg.labels) == count else tuple(f"LABEL_{i}" for i in range(count))
+    return cfg.replace(lm_head=lm_head, pooler=pooler, labels=labels)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
@@ -101,9 +127,21 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         or cfg.d_k not in (None, cfg.d_model // cfg.n_heads)
     ):
         raise ValueError("this BERT's FFN or attention has no bert equivalent (activation, gated, bias, scale or d_k)")
-    return {
+    classifier = {}
+    if cfg.labels:
+        if cfg.classifier_pooling != "cls" or not cfg.pooler:
+            raise ValueError(
+                "BertForSequenceClassification reads the pooler's output; this classifier pools by "
+                f"{cfg.classifier_pooling!r}{'' if cfg.pooler else ' without a pooler'} and has no bert equivalent"
+            )
+        classifier = {
+            "id2label": dict(enumerate(cfg.labels)),
+            "label2id": {name: i for i, name in enumerate(cfg.labels)},
+        }
+    architecture = _CLASSIFIER if cfg.labels else _MLM if cfg.lm_head else "BertModel"
+    return classifier | {
         "model_type": "bert",
-        "architectures": [_MLM if cfg.lm_head else "BertModel"],
+        "architectures": [architecture],
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model,
         "num_attention_heads": cfg.n_heads,
@@ -155,6 +193,8 @@ def _renames(cfg: ModelConfig) -> dict[str, str]:
         _norm(names, ours + "add_norm_ffn.norm", theirs + "output.LayerNorm")
     if cfg.pooler:
         _linear(names, "pooler.0", "pooler.dense")
+    if cfg.labels:
+        _linear(names, "classifier.1", "classifier")
     if cfg.lm_head:
         _linear(names, "head.transform.0", "cls.predictions.transform.dense")
         _norm(names, "head.transform.2", "cls.predictions.transform.LayerNorm")
@@ -202,7 +242,7 @@ def to_attnkit(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor
     missing, misshapen = [], []
     for ours, theirs in _renames(cfg).items():
         if theirs not in src:
-            missing.append(theirs if theirs.startswith("cls.") else prefix + theirs)
+            missing.append(theirs if theirs.startswith(_TOP) else prefix + theirs)
             continue
         t = out[ours] = src.pop(theirs)
         if t.shape != shapes[ours]:
@@ -228,10 +268,12 @@ def to_hf(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
     out = {theirs: tensors[ours] for ours, theirs in _renames(cfg).items()}
     if not cfg.type_vocab_size:
         out["embeddings.token_type_embeddings.weight"] = tensors["embeddings.token.weight"].new_zeros(1, cfg.d_model)
+    if cfg.labels:  # BertForSequenceClassification: the encoder under bert., its classifier beside it
+        return {k if k.startswith(_TOP) else f"bert.{k}": v for k, v in out.items()}
     if not cfg.lm_head:
         return out
     if not cfg.logits_bias:
         out["cls.predictions.bias"] = tensors["embeddings.token.weight"].new_zeros(cfg.vocab_size)
     if not cfg.tie_embeddings:  # untied, BERT's decoder keeps its own bias (the one its forward adds)
         out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"]
-    return {k if k.startswith("cls.") else f"bert.{k}": v for k, v in out.items()}
+    return {k if k.startswith(_TOP) else f"bert.{k}": v for k, v in out.items()}
