@@ -354,8 +354,12 @@ def check_savable(model: torch.nn.Module) -> None:
 
 
 def save_pretrained(model: torch.nn.Module, path: str | Path, overwrite: bool = False) -> None:
-    """attnkit's directory: config.json (format, version, model config) and model.safetensors."""
+    """attnkit's directory: config.json (format, version, model config) and model.safetensors.
+    LoRA adapters are merged into the weights they adapt (:mod:`attnkit.nn.lora`)."""
+    from attnkit.nn.lora import merged_copy
+
     check_savable(model)
+    model = merged_copy(model)
     config: ModelConfig = model.config
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": config.to_dict()}
     files: dict[str, bytes | dict[str, Tensor]] = {

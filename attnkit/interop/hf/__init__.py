@@ -81,7 +81,10 @@ def export_hf(
     """Write ``model`` as a Hugging Face directory that ``transformers`` loads with its
     ``from_pretrained`` and that gives the same logits; weights above ``max_shard_bytes``
     are split into shards with a ``model.safetensors.index.json``, as ``transformers`` does."""
+    from attnkit.nn.lora import merged_copy
+
     check_savable(model)
+    model = merged_copy(model)  # LoRA adapters folded into their weights
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
     config = model.config
