@@ -465,6 +465,9 @@ class DataConfig:
     source: str = "4"  # bible: source translation (4 = World English); numbers: source language (num2words)
     target: str = "l"  # bible: target translation (l = Louis Segond 1910); numbers: target language
     bibles: tuple[str, ...] = ("k", "4")  # bible, language models: the translations read as plain text
+    # bible, translation: text-to-text tasks trained together instead of source -> target, each
+    # source prefixed with its task as T5's are (attnkit.data.corpora.TASKS), e.g. "modernize".
+    tasks: tuple[str, ...] = ()
     numbers: int = 20000  # numbers: how many (0 .. numbers-1)
     tokenizer: str | None = None  # a tokenizer.json to use; None = train a byte-level BPE on the data
     vocab_size: int = 8000  # when training the tokenizer
@@ -494,6 +497,14 @@ class DataConfig:
             )
         if not 0.0 < self.valid_fraction < 0.5:
             raise ValueError(f"data.valid_fraction must be in (0, 0.5), got {self.valid_fraction}")
+        if self.tasks:
+            from attnkit.data.corpora import check_tasks
+
+            if self.corpus != "bible":
+                raise ValueError(
+                    f"data.tasks are Bible text-to-text tasks; set data.corpus=bible (got {self.corpus!r})"
+                )
+            check_tasks(self.tasks)
 
 
 @dataclass(frozen=True)
@@ -587,6 +598,13 @@ RUN_PRESETS: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]
         dict(d_model=256, n_heads=4, d_k=64, d_ff=1024, n_layers=3, dropout=0.1),
         dict(lr=1e-3, **_TEN_MINUTES),
         _BIBLE_TEXT,
+    ),
+    # T5's text-to-text use: one model, two tasks told apart by their prefixes, 10 minutes.
+    "t5-bible-tasks": (
+        "t5-tiny",
+        dict(d_model=256, n_heads=4, d_k=64, d_ff=1024, n_layers=3, dropout=0.1),
+        dict(objective="translation", lr=1e-3, label_smoothing=0.1, **_TEN_MINUTES),
+        dict(corpus="bible", tasks=("translate English to French", "modernize"), vocab_size=8000, max_tokens=96),
     ),
 }
 

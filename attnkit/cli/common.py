@@ -47,11 +47,6 @@ def load_for(directory: str, command: str, weights: str = "fp32") -> Model:
         raise ValueError(
             f"{directory} holds a BERT encoder, which does not {command}; use attnkit fill-mask for [MASK] predictions"
         )
-    if command == "generate" and cfg.is_encoder_decoder:
-        raise ValueError(
-            f"{directory} holds an encoder-decoder ({cfg.family}) model; generate continues decoder-only models, "
-            f"use: attnkit translate --model {directory}"
-        )
     if command == "translate" and not cfg.is_encoder_decoder:
         raise ValueError(
             f"{directory} holds a decoder-only ({cfg.family}) model; translate needs an encoder-decoder, "

@@ -16,6 +16,7 @@ from attnkit.cli.common import (
     load_for,
     one_line,
     parse_ids,
+    streamed,
     tokenizer_of,
     until_eos,
 )
@@ -27,14 +28,16 @@ DEFAULTS = dict(max_new_tokens=50, num_beams=1, length_penalty=0.0, length_penal
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate",
-        help="continue prompts with a decoder-only model (GPT)",
+        help="continue prompts with a decoder-only model (GPT), or answer them with a text-to-text one (T5)",
         description="Continue each prompt with a decoder-only model; print one line per prompt, in input order:\n"
         "the prompt and its continuation (only the continuation with --only-new), decoded with the\n"
         "directory's tokenizer.json, special tokens skipped, newlines inside a text written as \\n.\n"
         "Prompts come from --prompt, else --input FILE, else standard input, one per line; each batch\n"
         "is printed as soon as it is decoded (--batch-size 1 answers line by line). With --ids the\n"
         "prompts and the output are token ids. An empty prompt starts from the model's bos_token_id.\n"
-        "Greedy by default; --num-beams N for beam search, --do-sample to sample.",
+        "Greedy by default; --num-beams N for beam search, --do-sample to sample.\n"
+        "An encoder-decoder model (T5 trained on prefixed tasks) answers each prompt as a source: only\n"
+        'the answer is printed (attnkit generate --model RUN "modernize: Thou shalt not kill").',
         epilog="examples:\n"
         '  attnkit generate --model ./gpt2 --prompt "Attention is" --max-new-tokens 20\n'
         "  attnkit generate --model ./gpt2 --do-sample --top-p 0.9 --seed 0 < prompts.txt\n"
@@ -43,6 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_model_flag(parser)
     add_weights_flag(parser)
+    parser.add_argument("text", nargs="*", metavar="TEXT", help="prompts (the same as --prompt TEXT for each)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for several)")
     source.add_argument("--ids", action="append", metavar='"ID ID ..."', help="a prompt as token ids (repeatable)")
@@ -62,12 +66,24 @@ def run(args: argparse.Namespace) -> int:
     options = decoding_options(args, model, DEFAULTS)
     eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
     pad = cfg.pad_token_id if args.pad_id is None else args.pad_id
+    prompts_given = args.prompt if args.prompt is not None else args.text or None
+    if cfg.is_encoder_decoder:  # text to text (T5): each prompt is a source, the answer is printed
+        if args.ids is not None:
+            raise ValueError("--ids gives decoder-only prompts; an encoder-decoder model reads text prompts")
+        from attnkit.cli.translate import translate_lines
+
+        tokenizer = tokenizer_of(model, args.model, ids_hint=False)
+        texts = input_lines(args, prompts_given)
+        for lines in translate_lines(model, tokenizer, texts, options, args.batch_size, args.seed, None,
+                                     streamed(args, prompts_given), eos, pad):  # fmt: skip
+            emit(lines)
+        return 0
     tokenizer = None
     if args.ids is not None:
         inputs: Iterable = [parse_ids(text) for text in args.ids]
     else:
         tokenizer = tokenizer_of(model, args.model, ids_hint=True)
-        inputs = input_lines(args, args.prompt)
+        inputs = input_lines(args, prompts_given)
     for index, batch in enumerate(in_batches(inputs, args.batch_size)):
         prompts = batch if tokenizer is None else prompt_ids(tokenizer, cfg, batch, index * args.batch_size + 1)
         for n, prompt in enumerate(prompts):  # an empty --ids prompt

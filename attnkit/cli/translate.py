@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from attnkit.cli.common import (
     add_decoding_flags,
@@ -18,6 +20,11 @@ from attnkit.cli.common import (
     tokenizer_of,
     until_eos,
 )
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from attnkit.models import Model
 
 # Batches sorted by length within windows of this many batches.
 SORT_WINDOW = 16
@@ -65,32 +72,46 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnkit.generation.batches import length_sorted, pad_right
-    from attnkit.generation.text import source_ids
-
     model = load_for(args.model, "translate", args.weights)
     cfg = model.config
     if args.source_length_offset < 0:
         raise ValueError(f"--source-length-offset must be >= 0, got {args.source_length_offset}")
     options = decoding_options(args, model, DEFAULTS)
+    tokenizer = tokenizer_of(model, args.model, ids_hint=False)
     eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
     pad = cfg.pad_token_id if args.pad_id is None else args.pad_id
-    tokenizer = tokenizer_of(model, args.model, ids_hint=False)
-    # Sources are read a window at a time, decoded in batches of similar length, and each window
-    # is printed in input order; a stream is answered batch by batch.
-    window_size = args.batch_size * (1 if streamed(args, args.text) else SORT_WINDOW)
-    for index, window in enumerate(in_batches(input_lines(args, args.text), window_size)):
-        lines = [""] * len(window)  # empty sources give empty lines
+    texts, stream = input_lines(args, args.text), streamed(args, args.text)
+    batches = args.batch_size, args.seed, args.source_length_offset, stream, eos, pad
+    for lines in translate_lines(model, tokenizer, texts, options, *batches):
+        emit(lines)
+    return 0
+
+
+def translate_lines(
+    model: Model, tokenizer: Tokenizer, texts: Iterable[str], options: dict, batch_size: int, seed: int | None,
+    offset: int | None, stream: bool, eos: int | None, pad: int,
+) -> Iterator[list[str]]:  # fmt: skip
+    """Each window's outputs, in input order: ``texts`` read a window at a time (one batch when
+    ``stream``), decoded in batches of similar length, each output cut at its source length +
+    ``offset`` tokens (None: only ``max_new_tokens``) and at the end token; an empty text gives
+    an empty line. ``attnkit translate``, and ``attnkit generate`` on text-to-text models."""
+    from attnkit.generation.batches import length_sorted, pad_right
+    from attnkit.generation.text import source_ids
+
+    window_size = batch_size * (1 if stream else SORT_WINDOW)
+    for index, window in enumerate(in_batches(texts, window_size)):
+        lines = [""] * len(window)
         rows = [n for n, text in enumerate(window) if text.strip()]
         sources = source_ids(tokenizer, eos, [window[n] for n in rows])
         rows, sources = [n for n, s in zip(rows, sources, strict=True) if s], [s for s in sources if s]
-        for number, batch in enumerate(length_sorted([len(s) for s in sources], args.batch_size)):
+        capped = {} if offset is None else {"source_length_offset": offset}
+        for number, batch in enumerate(length_sorted([len(s) for s in sources], batch_size)):
             ids, mask = pad_right([sources[i] for i in batch], pad)
-            seed = None if args.seed is None else args.seed + index * SORT_WINDOW + number
-            out = model.generate(ids, mask, seed=seed, source_length_offset=args.source_length_offset, **options)
+            batch_seed = None if seed is None else seed + index * SORT_WINDOW + number
+            out = model.generate(ids, mask, seed=batch_seed, **capped, **options)
             for row, i in enumerate(batch):
                 # Drop the start token; keep at most source length + offset tokens, up to the end token.
-                new = until_eos(out[row, 1 : 1 + len(sources[i]) + args.source_length_offset].tolist(), eos)
+                end = out.shape[1] if offset is None else 1 + len(sources[i]) + offset
+                new = until_eos(out[row, 1:end].tolist(), eos)
                 lines[rows[i]] = one_line(tokenizer.decode(new, skip_special_tokens=True))
-        emit(lines)
-    return 0
+        yield lines

@@ -29,6 +29,14 @@ BIBLES: dict[str, str] = {
     "d": "Diodati 1649 (it)",
 }
 SPLITS = ("train", "valid", "test")
+# Text-to-text tasks over the aligned Bibles, T5's way: each source starts with its task's
+# prefix ("modernize: Thou shalt not kill" -> "You shall not murder"). task -> (source, target).
+TASKS: dict[str, tuple[str, str]] = {
+    "translate English to French": ("4", "l"),
+    "modernize": ("k", "4"),  # King James -> World English
+    "simplify": ("4", "3"),  # World English -> Basic English
+    "translate English to Spanish": ("4", "v"),
+}
 # The database numbers books 1..66 in this (the Protestant canon's) order.
 BOOKS = (
     "Genesis", "Exodus", "Leviticus", "Numbers", "Deuteronomy", "Joshua", "Judges", "Ruth", "1 Samuel", "2 Samuel",
@@ -137,6 +145,40 @@ def bible_pairs(source: str = "4", target: str = "l", seed: int = 0) -> Split[tu
     Louis Segond 1910), split by chapter."""
     src, tgt = _verses(source), _verses(target)
     return _split({k: (src[k], tgt[k]) for k in src.keys() & tgt.keys()}, seed)
+
+
+def check_tasks(tasks: Sequence[str]) -> None:
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or len(set(tasks)) != len(tasks):
+        raise ValueError(f"data.tasks must name distinct tasks among {', '.join(map(repr, TASKS))}; got {list(tasks)}")
+
+
+def prefix(task: str, text: str) -> str:
+    """A source for ``task``: T5's ``"task: text"``."""
+    return f"{task}: {text}"
+
+
+def task_of(source: str) -> str | None:
+    """The task whose prefix starts ``source``, if any."""
+    return next((task for task in TASKS if source.startswith(f"{task}: ")), None)
+
+
+def bible_tasks(tasks: Sequence[str], seed: int = 0) -> Split[tuple[str, str]]:
+    """(prefixed source, target) pairs of several text-to-text ``tasks`` of :data:`TASKS`,
+    mixed, split by chapter: a held-out chapter is held out in every task (the same verse never
+    teaches one task what another is tested on)."""
+    check_tasks(tasks)
+    codes = {code for task in tasks for code in TASKS[task]}
+    verses = {code: _verses(code) for code in codes}
+    keys = sorted({k for v in verses.values() for k in v})
+    assign = split_by_chapter(keys, seed)
+    parts: dict[str, list[tuple[str, str]]] = {name: [] for name in SPLITS}
+    for key in keys:
+        for task in tasks:
+            source, target = (verses[code].get(key) for code in TASKS[task])
+            if source and target:
+                parts[assign(key)].append((prefix(task, source), target))
+    return Split(**parts)
 
 
 def bible_text(codes: Sequence[str] = ("k", "4"), seed: int = 0) -> Split[str]:

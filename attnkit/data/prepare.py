@@ -42,6 +42,10 @@ def read_texts(run: RunConfig) -> corpora.Split[Any]:
     """The run's examples as text: lines, or (source, target) pairs for translation, split."""
     data, translation = run.data, run.objective == "translation"
     if data.corpus == "bible":
+        if translation and data.tasks:
+            return corpora.bible_tasks(data.tasks)
+        if data.tasks:
+            raise ValueError("data.tasks are text-to-text pairs: train them with train.objective=translation")
         return corpora.bible_pairs(data.source, data.target) if translation else corpora.bible_text(data.bibles)
     if data.corpus == "numbers":
         if not translation:

@@ -373,8 +373,9 @@ def test_no_tokenizer_is_one_line(bare_dirs: dict[str, Path], capsys: pytest.Cap
 
 
 def test_wrong_family_points_at_the_right_command(bare_dirs: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
-    line = one_line_error(capsys, ["generate", "--model", str(bare_dirs["mt"]), "--prompt", "hi"])
-    assert "encoder-decoder" in line and "attnkit translate" in line
+    # generate answers text prompts with an encoder-decoder (text to text), never token-id ones
+    line = one_line_error(capsys, ["generate", "--model", str(bare_dirs["mt"]), "--ids", "3 4"])
+    assert "an encoder-decoder model reads text prompts" in line
     line = one_line_error(capsys, ["translate", "--model", str(bare_dirs["gpt"]), "hi"])
     assert "decoder-only" in line and "attnkit generate" in line
     line = one_line_error(capsys, ["generate", "--model", str(bare_dirs["bert"]), "--prompt", "hi"])

