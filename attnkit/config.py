@@ -362,7 +362,7 @@ def preset(name: str, **changes: Any) -> ModelConfig:
     return from_dict({**PRESETS[name], **changes})
 
 
-Objective = Literal["translation", "causal_lm", "masked_lm", "span_corruption"]
+Objective = Literal["translation", "causal_lm", "masked_lm", "span_corruption", "classify"]
 
 # Each family's pretraining objective [tab:att-families] (translation: the paper's task).
 OBJECTIVES: dict[str, Objective] = {
@@ -378,6 +378,10 @@ class TrainConfig:
     """How to train: optimiser, schedule, budget, precision, checkpoints."""
 
     objective: Objective | None = None  # None = the family's own
+    # A model to fine-tune instead of random weights: a directory (attnkit's or Hugging Face's),
+    # or a name of PRETRAINED (an installed package's model). Its architecture, weights and
+    # tokenizer are the run's; the model section adds only what the task needs (labels).
+    init: str | None = None
     max_steps: int = 1000  # optimiser steps
     time_budget: float | None = None  # seconds of training; stops at whichever comes first
     batch_tokens: int = 4096  # per batch; each process trains on batches_per_step per step (the paper: ~25,000)
@@ -457,10 +461,12 @@ class TrainConfig:
 class DataConfig:
     """What to train on. ``corpus="files"``: ``path`` holds plain-text files (one document or
     sentence per line) for the language-model objectives, tab-separated source/target files for
-    translation. ``"bible"``: aligned public-domain Bibles (see :mod:`attnkit.data.corpora`),
-    split by whole chapters. ``"numbers"``: number words from num2words."""
+    translation, ``text<TAB>label`` files for classification. ``"bible"``: aligned public-domain
+    Bibles (see :mod:`attnkit.data.corpora`), split by whole chapters. ``"numbers"``: number
+    words from num2words. ``"testament"`` (classification): which Testament a verse of
+    ``source``'s Bible is from, split by whole chapters."""
 
-    corpus: Literal["files", "bible", "numbers"] = "files"  # files: data.path; the others are built in
+    corpus: Literal["files", "bible", "numbers", "testament"] = "files"  # files: data.path; the others are built in
     path: tuple[str, ...] = ()
     source: str = "4"  # bible: source translation (4 = World English); numbers: source language (num2words)
     target: str = "l"  # bible: target translation (l = Louis Segond 1910); numbers: target language
@@ -561,6 +567,11 @@ _TEN_MINUTES = dict(
     warmup=200, batch_tokens=4096, max_steps=100_000, time_budget=600.0, checkpoint_every=200, eval_every=0
 )
 _BIBLE_TEXT = dict(corpus="bible", bibles=("k", "4"), vocab_size=8000, max_tokens=128)  # King James + World English
+_CLASSIFIER = dict(lm_head=False, pooler=False, classifier_pooling="mean", dropout=0.1)
+_FINE_TUNE = dict(
+    objective="classify", init="all-MiniLM-L6-v2", lr=5e-5, warmup=30, schedule="cosine", batch_tokens=4096,
+    max_steps=300, time_budget=300.0, checkpoint_every=100, eval_every=0, label_smoothing=0.0,
+)  # fmt: skip
 RUN_PRESETS: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = {
     # The main job: English -> French on the World English Bible / Louis Segond 1910 for 10
     # minutes: shared BPE and token batches as the paper, with the recipe that the study of
@@ -599,6 +610,10 @@ RUN_PRESETS: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]
         dict(lr=1e-3, **_TEN_MINUTES),
         _BIBLE_TEXT,
     ),
+    # BERT's understanding at work: the real all-MiniLM-L6-v2 fine-tuned to classify, on the
+    # user's text<TAB>label files (minilm-classify) or on which Testament a verse is from.
+    "minilm-classify": ("bert-tiny", _CLASSIFIER, _FINE_TUNE, dict(corpus="files", max_tokens=128)),
+    "minilm-testament": ("bert-tiny", _CLASSIFIER, _FINE_TUNE, dict(corpus="testament", source="4", max_tokens=96)),
     # T5's text-to-text use: one model, two tasks told apart by their prefixes, 10 minutes.
     "t5-bible-tasks": (
         "t5-tiny",

@@ -21,9 +21,10 @@ from attnkit.config import RunConfig
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "evaluate",
-        help="score a trained run on its held-out split (BLEU/chrF, or loss and perplexity)",
+        help="score a trained run on its held-out split (BLEU/chrF, accuracy/macro-F1, or loss and perplexity)",
         description="Evaluate a run directory's model on its corpus's held-out split: sacreBLEU BLEU and chrF "
-        "for translation, loss, perplexity and accuracy for the language models.",
+        "for translation (per task for text-to-text runs), accuracy, macro-F1 and the confusion matrix for "
+        "classifiers, loss, perplexity and accuracy for the language models.",
         epilog="example: attnkit evaluate --model runs/translate-en-fr --split test --num-beams 4",
     )
     add_model_flag(parser, "a run directory (written by attnkit train)")
@@ -63,6 +64,20 @@ def run(args: argparse.Namespace) -> int:
             own = score_translations(model, model.tokenizer, mine, saved.data.max_tokens, **options)
             print(f"  {task}: {len(mine)} sentences: BLEU {own.bleu:.2f}, chrF {own.chrf:.2f}")
         print(f"  {scores.signature}")
+        return 0
+    if saved.objective == "classify":
+        from attnkit.data.prepare import encode_labeled
+        from attnkit.training.evaluate import classification_scores
+
+        labels = model.config.labels
+        examples = encode_labeled(model.tokenizer, pairs, labels, saved.data.max_tokens)
+        scores = classification_scores(model, examples, len(labels))
+        print(f"{args.split}: {len(examples)} examples: accuracy {scores['accuracy']:.4f}, "
+              f"macro-F1 {scores['macro_f1']:.4f}")  # fmt: skip
+        width = max(len(name) for name in labels)
+        print(f"  confusion (rows: true, columns: predicted; {', '.join(labels)}):")
+        for name, row in zip(labels, scores["confusion"], strict=True):
+            print(f"  {name:>{width}}  " + "  ".join(f"{n:6d}" for n in row))
         return 0
     examples = encode(model.tokenizer, pairs, saved.data.max_tokens)
     objective = make_objective(saved, specials_of(model.tokenizer))

@@ -181,6 +181,16 @@ def bible_tasks(tasks: Sequence[str], seed: int = 0) -> Split[tuple[str, str]]:
     return Split(**parts)
 
 
+TESTAMENTS = ("Old Testament", "New Testament")  # books 1-39, 40-66
+
+
+def testament(code: str = "4", seed: int = 0) -> Split[tuple[str, str]]:
+    """(verse, "Old Testament" | "New Testament") of one translation, split by chapter: a
+    built-in classification task (the two are told apart by names, themes and style)."""
+    verses = _verses(code)
+    return _split({key: (text, TESTAMENTS[key[0] > 39]) for key, text in verses.items()}, seed)
+
+
 def bible_text(codes: Sequence[str] = ("k", "4"), seed: int = 0) -> Split[str]:
     """Monolingual verses (default King James + World English), split by chapter; every
     translation of a held-out chapter is held out."""

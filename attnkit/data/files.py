@@ -38,6 +38,22 @@ def read_pairs(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[t
     return pairs
 
 
+def read_labeled(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[tuple[str, str]]:
+    """``(text, label)`` from files of ``text<TAB>label`` lines, file after file."""
+    examples = []
+    for path in as_paths(paths):
+        for lineno, line in numbered_lines(path):
+            text, tab, label = line.rpartition("\t")
+            text, label = text.strip(), label.strip()
+            if not tab:
+                raise ValueError(f"{path}:{lineno}: no label: write text<TAB>label (found no tab)")
+            if not text or not label:
+                side = "text" if not text else "label"
+                raise ValueError(f"{path}:{lineno}: the {side} is empty; remove the line or fill it in")
+            examples.append((text, label))
+    return examples
+
+
 def as_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
     """One path, or several, as a non-empty list of ``Path``."""
     if isinstance(paths, (str, os.PathLike)):

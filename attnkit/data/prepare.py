@@ -15,8 +15,8 @@ from tokenizers import Tokenizer
 from attnkit.config import RunConfig
 from attnkit.data import corpora
 from attnkit.data.batching import TokenBatches, split_train_valid
-from attnkit.data.files import read_lines, read_pairs
-from attnkit.data.specials import Specials
+from attnkit.data.files import read_labeled, read_lines, read_pairs
+from attnkit.data.specials import SPECIAL_TOKENS, Specials
 from attnkit.data.tokenizer import encode_batch, load_tokenizer, specials_of, train_tokenizer
 
 
@@ -25,14 +25,17 @@ class Data:
     """A corpus prepared for a run: its tokenizer and specials, and the encoded examples."""
 
     tokenizer: Tokenizer
-    specials: Specials
-    train: list[Any]  # token-id examples: list[int], or (source, target) pairs for translation
+    specials: Specials | None  # attnkit's special ids; None for a pretrained model's own tokenizer (classify)
+    train: list[Any]  # token-id examples: list[int], (source, target) pairs, or (ids, label) for classify
     valid: list[Any]
     test: list[Any]  # empty for user files (their held-out part is valid)
+    labels: tuple[str, ...] = ()  # classify: the label names, index = class
 
 
 def cost(example: Any) -> int:
     """Padded positions an example takes in a batch (specials included)."""
+    if isinstance(example, tuple) and isinstance(example[1], int):  # (ids, label): ids hold their specials
+        return len(example[0])
     if isinstance(example, tuple):
         return max(len(example[0]), len(example[1])) + 1
     return len(example) + 2
@@ -41,6 +44,10 @@ def cost(example: Any) -> int:
 def read_texts(run: RunConfig) -> corpora.Split[Any]:
     """The run's examples as text: lines, or (source, target) pairs for translation, split."""
     data, translation = run.data, run.objective == "translation"
+    if run.objective == "classify":
+        return _labeled(run)
+    if data.corpus == "testament":
+        raise ValueError("the testament corpus is a classification task: train it with train.objective=classify")
     if data.corpus == "bible":
         if translation and data.tasks:
             return corpora.bible_tasks(data.tasks)
@@ -60,6 +67,47 @@ def read_texts(run: RunConfig) -> corpora.Split[Any]:
     return corpora.Split([items[i] for i in train_idx], [items[i] for i in valid_idx], [])
 
 
+def _labeled(run: RunConfig) -> corpora.Split[tuple[str, str]]:
+    """(text, label) examples: the testament task, or the run's text<TAB>label files."""
+    data = run.data
+    if data.corpus == "testament":
+        return corpora.testament(data.source)
+    if data.corpus != "files":
+        raise ValueError(f"classification reads text<TAB>label files or the testament corpus, not {data.corpus!r}")
+    if not data.path:
+        raise ValueError("no training data: pass --data.path FILE of text<TAB>label lines")
+    items = read_labeled(data.path)
+    if len({label for _, label in items}) < 2:
+        raise ValueError(f"{', '.join(data.path)}: every example has the same label; a classifier needs two or more")
+    train_idx, valid_idx = split_train_valid(len(items), data.valid_fraction, run.train.seed)
+    return corpora.Split([items[i] for i in train_idx], [items[i] for i in valid_idx], [])
+
+
+def labels_of(texts: corpora.Split[tuple[str, str]]) -> tuple[str, ...]:
+    """The label names of a classification corpus, sorted; a held-out label never trained on is
+    refused (a classifier cannot predict it)."""
+    names = tuple(sorted({label for _, label in texts.train}))
+    unseen = sorted({label for part in (texts.valid, texts.test) for _, label in part} - set(names))
+    if unseen:
+        raise ValueError(
+            f"label(s) {', '.join(map(repr, unseen))} appear only in held-out examples; add training examples of them"
+        )
+    return names
+
+
+def encode_labeled(
+    tokenizer: Tokenizer, examples: list[tuple[str, str]], labels: tuple[str, ...], max_tokens: int
+) -> list[tuple[list[int], int]]:
+    """(ids, label index) of each example: the ids with the tokenizer's own specials ([CLS] ...
+    [SEP]), cut to ``max_tokens`` keeping the last one."""
+    from attnkit.generation.text import encode as with_specials
+
+    index = {name: i for i, name in enumerate(labels)}
+    rows = with_specials(tokenizer, [text for text, _ in examples])
+    cut = [row if len(row) <= max_tokens else [*row[: max_tokens - 1], row[-1]] for row in rows]
+    return [(row, index[label]) for row, (_, label) in zip(cut, examples, strict=True) if row]
+
+
 def encode(tokenizer: Tokenizer, examples: list[Any], max_tokens: int) -> list[Any]:
     """Token ids of text examples, truncated to leave room for the specials the objective
     adds; examples with an empty side are dropped."""
@@ -75,6 +123,18 @@ def load_data(run: RunConfig, tokenizer: Tokenizer | None) -> Data:
     texts = read_texts(run)
     if tokenizer is None and run.data.tokenizer:
         tokenizer = load_tokenizer(run.data.tokenizer)
+    if run.objective == "classify":
+        labels = labels_of(texts)
+        if tokenizer is None:
+            tokenizer = train_tokenizer([text for text, _ in texts.train], run.data.vocab_size)
+        parts = [
+            encode_labeled(tokenizer, part, labels, run.data.max_tokens)
+            for part in (texts.train, texts.valid, texts.test)
+        ]
+        if not parts[0] or not parts[1]:
+            raise ValueError("the corpus gave no usable training or validation example; check data.path")
+        specials = specials_of(tokenizer) if tokenizer.token_to_id(SPECIAL_TOKENS[0]) is not None else None
+        return Data(tokenizer, specials, *parts, labels=labels)
     if tokenizer is None:  # one vocabulary for source and target, as the paper's shared BPE
         lines = (
             [t for e in texts.train for t in e] if texts.train and isinstance(texts.train[0], tuple) else texts.train

