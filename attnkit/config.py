@@ -62,6 +62,11 @@ class ModelConfig:
     # the real tokens ("mean", as sentence embeddings are pooled), then dropout and a linear map.
     labels: tuple[str, ...] = ()
     classifier_pooling: Literal["cls", "mean"] = "cls"
+    # LoRA adapters (attnkit.nn.lora) on these attention projections, the rest frozen: rank 0 =
+    # none. A saved model has them merged (a plain model again, lora_rank 0).
+    lora_rank: int = 0
+    lora_alpha: float | None = None  # None = lora_rank (a scale of 1)
+    lora_targets: tuple[str, ...] = ("w_q", "w_v")
     init_std: float = 0.02
     pad_token_id: int = 0
     bos_token_id: int | None = None
@@ -106,6 +111,13 @@ class ModelConfig:
                 raise ValueError("a classifier has no masked-LM head: set lm_head=False beside labels")
             if len(set(self.labels)) != len(self.labels) or not all(self.labels) or len(self.labels) < 2:
                 raise ValueError(f"labels must be 2 or more distinct, non-empty names, got {list(self.labels)}")
+        if self.lora_rank < 0 or (self.lora_alpha is not None and self.lora_alpha <= 0):
+            raise ValueError(
+                f"lora_rank must be >= 0 (0 = no adapters; 4 to 16 is usual) and lora_alpha > 0 or null, got "
+                f"{self.lora_rank} and {self.lora_alpha}"
+            )
+        if self.lora_rank and not set(self.lora_targets) <= {"w_q", "w_k", "w_v", "w_o"}:
+            raise ValueError(f"lora_targets must be among w_q, w_k, w_v, w_o, got {list(self.lora_targets)}")
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
@@ -614,6 +626,25 @@ RUN_PRESETS: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]
     # user's text<TAB>label files (minilm-classify) or on which Testament a verse is from.
     "minilm-classify": ("bert-tiny", _CLASSIFIER, _FINE_TUNE, dict(corpus="files", max_tokens=128)),
     "minilm-testament": ("bert-tiny", _CLASSIFIER, _FINE_TUNE, dict(corpus="testament", source="4", max_tokens=96)),
+    # GPT's generation at work: the real SmolLM2-135M fine-tuned on the user's text with LoRA
+    # adapters on its query and value projections (merged when saved).
+    "smollm2-lora": (
+        "llama-tiny",
+        dict(lora_rank=8, lora_alpha=16.0),
+        dict(
+            init="SmolLM2-135M",
+            lr=5e-4,
+            warmup=20,
+            schedule="cosine",
+            batch_tokens=2048,
+            max_steps=200,
+            time_budget=300.0,
+            checkpoint_every=100,
+            eval_every=0,
+            weight_decay=0.0,
+        ),
+        dict(corpus="files", max_tokens=128),
+    ),
     # T5's text-to-text use: one model, two tasks told apart by their prefixes, 10 minutes.
     "t5-bible-tasks": (
         "t5-tiny",

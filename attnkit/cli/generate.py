@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     options = decoding_options(args, model, DEFAULTS)
     eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
     pad = cfg.pad_token_id if args.pad_id is None else args.pad_id
+    if args.text and (args.prompt is not None or args.ids is not None or args.input is not None):
+        raise ValueError("give the prompts one way: TEXT arguments, --prompt, --ids or --input")
     prompts_given = args.prompt if args.prompt is not None else args.text or None
     if cfg.is_encoder_decoder:  # text to text (T5): each prompt is a source, the answer is printed
         if args.ids is not None:

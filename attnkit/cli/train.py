@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from attnkit.cli.common import held_out, require, saved_run
 from attnkit.config import PRESETS, RunConfig
@@ -51,7 +52,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     from attnkit.training.checkpoint import CheckpointSaveError, latest_checkpoint
     from attnkit.training.run import RUN_CONFIG, train
@@ -113,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
         f"(seed {saved.train.seed}, {progress.tokens / max(progress.seconds, 1e-9):,.0f} target tokens/s)"
     )
     print(f"validation: {metrics}")
+    before = _before_fine_tuning(Path(args.out))
+    if before is not None:
+        print(f"before fine-tuning ({saved.train.init}): validation loss {before['loss']:.4g}, "
+              f"perplexity {before['perplexity']:.4g}")  # fmt: skip
     if saved.objective == "translation":
         print_translation_report(args.out, saved)
     print(f"run directory: {args.out}  (total time {time.perf_counter() - start:.0f} s)")
@@ -184,8 +188,6 @@ def stop_on_signals(stop: threading.Event, received: list[int]) -> Iterator[None
 
 
 def print_translation_report(run_dir: str, run: RunConfig, split: str = "test") -> None:
-    from pathlib import Path
-
     import attnkit
     from attnkit.training.report import plot_training_curve, translation_report
 
@@ -202,3 +204,16 @@ def print_translation_report(run_dir: str, run: RunConfig, split: str = "test") 
         print(f"cross-attention alignment of the first sample: {report.figure}")
     curve = plot_training_curve(Path(run_dir), Path(run_dir) / "curve.png")
     print(f"training curve (loss and learning rate against seconds): {curve}")
+
+
+def _before_fine_tuning(run_dir: Path) -> dict | None:
+    """The pretrained model's validation record, written before a fine-tuning run's first step."""
+    import json
+
+    from attnkit.training.trainer import METRICS
+
+    path = run_dir / METRICS
+    if not path.is_file():
+        return None
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return next((r for r in records if r.get("before_fine_tuning")), None)

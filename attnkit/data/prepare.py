@@ -16,7 +16,7 @@ from attnkit.config import RunConfig
 from attnkit.data import corpora
 from attnkit.data.batching import TokenBatches, split_train_valid
 from attnkit.data.files import read_labeled, read_lines, read_pairs
-from attnkit.data.specials import SPECIAL_TOKENS, Specials
+from attnkit.data.specials import SPECIAL_TOKENS, ModelSpecials, Specials
 from attnkit.data.tokenizer import encode_batch, load_tokenizer, specials_of, train_tokenizer
 
 
@@ -25,7 +25,7 @@ class Data:
     """A corpus prepared for a run: its tokenizer and specials, and the encoded examples."""
 
     tokenizer: Tokenizer
-    specials: Specials | None  # attnkit's special ids; None for a pretrained model's own tokenizer (classify)
+    specials: Specials | ModelSpecials | None  # None: a classifier with a pretrained model's own tokenizer
     train: list[Any]  # token-id examples: list[int], (source, target) pairs, or (ids, label) for classify
     valid: list[Any]
     test: list[Any]  # empty for user files (their held-out part is valid)
@@ -118,8 +118,9 @@ def encode(tokenizer: Tokenizer, examples: list[Any], max_tokens: int) -> list[A
     return [e for e in encoded if (all(e) if pairs else e)]
 
 
-def load_data(run: RunConfig, tokenizer: Tokenizer | None) -> Data:
-    """Read the corpus, train (or reuse) the tokenizer on the training split, encode."""
+def load_data(run: RunConfig, tokenizer: Tokenizer | None, specials: ModelSpecials | None = None) -> Data:
+    """Read the corpus, train (or reuse) the tokenizer on the training split, encode.
+    ``specials``: a pretrained model's own ids, where its tokenizer is not attnkit's."""
     texts = read_texts(run)
     if tokenizer is None and run.data.tokenizer:
         tokenizer = load_tokenizer(run.data.tokenizer)
@@ -147,7 +148,7 @@ def load_data(run: RunConfig, tokenizer: Tokenizer | None) -> Data:
         raise ValueError(
             "the corpus gave no usable training or validation example; check data.path and data.max_tokens"
         )
-    return Data(tokenizer, specials_of(tokenizer), train, valid, test)
+    return Data(tokenizer, specials or specials_of(tokenizer), train, valid, test)
 
 
 def train_batches(run: RunConfig, data: Data) -> TokenBatches:

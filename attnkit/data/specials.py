@@ -36,3 +36,20 @@ class Specials:
     @property
     def all(self) -> frozenset[int]:
         return frozenset((self.pad, self.bos, self.eos, self.unk, self.mask, *self.sentinels))
+
+
+@dataclass(frozen=True)
+class ModelSpecials:
+    """The special ids a pretrained model's config names, for fine-tuning it with its own
+    tokenizer (not attnkit's): what the causal-LM objective reads (``bos`` may be ``eos``, as
+    GPT-2's both are <|endoftext|>); no mask token or sentinels."""
+
+    vocab_size: int
+    pad: int
+    bos: int
+    eos: int
+    unk: int = -1  # none
+
+    @property
+    def all(self) -> frozenset[int]:
+        return frozenset((self.pad, self.bos, self.eos))

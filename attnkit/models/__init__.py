@@ -38,7 +38,12 @@ BUILDERS: dict[str, Callable[[ModelConfig], Model]] = {
 def build_model(config: ModelConfig | str) -> Model:
     """A freshly initialised model of ``config`` (or of the preset of that name)."""
     cfg = preset(config) if isinstance(config, str) else config
-    return BUILDERS[cfg.family](cfg)
+    model = BUILDERS[cfg.family](cfg)
+    if cfg.lora_rank:  # the pretrained part frozen, low-rank adapters on the chosen projections
+        from attnkit.nn import lora
+
+        lora.add(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+    return model
 
 
 def build_loaded(config: ModelConfig, tensors: dict[str, Tensor], source: str) -> Model:

