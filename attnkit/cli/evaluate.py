@@ -33,6 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--num-beams", type=int, default=4, help="beam size for translation (default 4; 1 = greedy)")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT α for beam search (default 0.6)")
     add_no_repeat_ngram_flag(parser)
+    parser.add_argument("--confusion-png", metavar="FILE", help="classifiers: draw the confusion matrix into FILE")
     parser.set_defaults(run=run)
 
 
@@ -78,6 +79,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"  confusion (rows: true, columns: predicted; {', '.join(labels)}):")
         for name, row in zip(labels, scores["confusion"], strict=True):
             print(f"  {name:>{width}}  " + "  ".join(f"{n:6d}" for n in row))
+        if args.confusion_png:
+            from pathlib import Path
+
+            from attnkit.training.report import plot_confusion
+
+            require("matplotlib")
+            accuracy, f1 = scores["accuracy"], scores["macro_f1"]
+            title = f"{Path(args.model).name}, {args.split}: accuracy {accuracy:.1%}, macro-F1 {f1:.3f}"
+            print(f"  drawn: {plot_confusion(scores['confusion'], labels, Path(args.confusion_png), title)}")
         return 0
     examples = encode(model.tokenizer, pairs, saved.data.max_tokens)
     objective = make_objective(saved, specials_of(model.tokenizer))

@@ -114,3 +114,32 @@ def plot_training_curve(run_dir: Path, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_confusion(confusion: list[list[int]], labels: tuple[str, ...], path: Path, title: str) -> Path:
+    """Draw a classifier's confusion matrix (rows: the true class, columns: the predicted one),
+    each cell's count written in it and shaded by its share of its row, into ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = [[int(n) for n in row] for row in confusion]
+    shares = [[n / max(sum(row), 1) for n in row] for row in counts]
+    size = max(3.5, 1.2 * len(labels) + 1.5)
+    fig, ax = plt.subplots(figsize=(size, size * 0.85))
+    image = ax.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
+    for i, row in enumerate(counts):
+        for j, n in enumerate(row):
+            ax.text(j, i, f"{n:,}", ha="center", va="center", color="white" if shares[i][j] > 0.5 else "black")
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(image, ax=ax, fraction=0.046, label="share of the true class")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -83,9 +83,7 @@ CLI_CASES = [
     # -- argparse: the command line itself
     Case("unknown-subcommand", ("trian",), ("'trian'", "choose from", "'train'"), usage=True),
     Case("no-subcommand", (), ("required: COMMAND",), usage=True),
-    Case(
-        "unknown-flag", gen("--ids", "1", "--temprature", "2"), ("unrecognized arguments: --temprature",), usage=True
-    ),
+    Case("unknown-flag", gen("--ids", "1", "--temprature", "2"), ("unrecognized arguments: --temprature",), usage=True),
     Case(
         "flag-not-an-int", gen("--max-new-tokens", "ten"), ("--max-new-tokens", "invalid int value: 'ten'"), usage=True
     ),

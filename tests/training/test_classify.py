@@ -46,8 +46,10 @@ def test_fine_tuned_minilm_classifies(trained: Path, capsys: pytest.CaptureFixtu
     saved = json.loads((trained / "run.json").read_text())
     assert saved["model"]["labels"] == ["fire", "water"] and saved["model"]["d_model"] == 384  # MiniLM's
     capsys.readouterr()
-    assert main(["evaluate", "--model", str(trained), "--split", "valid"]) == 0
+    png = trained.parent / "confusion.png"
+    assert main(["evaluate", "--model", str(trained), "--split", "valid", "--confusion-png", str(png)]) == 0
     out = capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     accuracy = float(out.split("accuracy ")[1].split(",")[0])
     assert accuracy >= 0.9 and "macro-F1" in out and "confusion" in out
     assert main(["classify", "--model", str(trained), "the sea and the rain", "burning flames of fire"]) == 0
