@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
             require("matplotlib")
             accuracy, f1 = scores["accuracy"], scores["macro_f1"]
-            title = f"{Path(args.model).name}, {args.split}: accuracy {accuracy:.1%}, macro-F1 {f1:.3f}"
+            title = f"{Path(args.model).name}, {args.split} split\naccuracy {accuracy:.1%}, macro-F1 {f1:.3f}"
             print(f"  drawn: {plot_confusion(scores['confusion'], labels, Path(args.confusion_png), title)}")
         return 0
     examples = encode(model.tokenizer, pairs, saved.data.max_tokens)

@@ -126,8 +126,8 @@ def plot_confusion(confusion: list[list[int]], labels: tuple[str, ...], path: Pa
 
     counts = [[int(n) for n in row] for row in confusion]
     shares = [[n / max(sum(row), 1) for n in row] for row in counts]
-    size = max(3.5, 1.2 * len(labels) + 1.5)
-    fig, ax = plt.subplots(figsize=(size, size * 0.85))
+    size = max(4.0, 1.2 * len(labels) + 2.0)
+    fig, ax = plt.subplots(figsize=(size + 1.5, size))
     image = ax.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
     for i, row in enumerate(counts):
         for j, n in enumerate(row):
