@@ -27,8 +27,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import attnkit
-    from attnkit.generation.batches import pad_right
-    from attnkit.generation.text import encode
 
     model = attnkit.from_pretrained(args.model)
     labels = model.config.labels
@@ -37,16 +35,12 @@ def run(args: argparse.Namespace) -> int:
             f"{args.model} holds a {model.config.family} model without a classification head; "
             "fine-tune one with attnkit train --preset minilm-classify"
         )
-    tokenizer = tokenizer_of(model, args.model, ids_hint=False)
-    texts = [t for t in input_lines(args, args.text)]
-    cap = model.config.max_len
-    for start in range(0, len(texts), 32):
-        batch = texts[start : start + 32]
-        rows = [row if len(row) <= cap else [*row[: cap - 1], row[-1]] for row in encode(tokenizer, batch)]
-        ids, mask = pad_right(rows, model.config.pad_token_id)
-        with torch.no_grad():
-            probabilities = model(ids, mask).logits.float().softmax(-1)
-        for text, p in zip(batch, probabilities, strict=True):
-            best = int(p.argmax())
-            sys.stdout.write(f"{labels[best]}\t{float(p[best]):.4f}\t{one_line(text)}\n")
+    tokenizer_of(model, args.model, ids_hint=False)  # one line where the directory has none
+    texts = list(input_lines(args, args.text))
+    probabilities = torch.zeros(len(texts), len(labels))
+    for batch, out, _ in model.batched(model.text_ids(texts)):
+        probabilities[batch] = out.logits.float().softmax(-1)
+    for text, p in zip(texts, probabilities, strict=True):
+        best = int(p.argmax())
+        sys.stdout.write(f"{labels[best]}\t{float(p[best]):.4f}\t{one_line(text)}\n")
     return 0

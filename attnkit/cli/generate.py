@@ -57,8 +57,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
 
+    from attnkit.generation.batches import pad_left
     from attnkit.generation.text import prompt_ids
 
     model = load_for(args.model, "generate", args.weights)
@@ -96,12 +96,8 @@ def run(args: argparse.Namespace) -> int:
                         "to start from; give it some text"
                     )
                 prompt.append(cfg.bos_token_id)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, prompt in enumerate(prompts):  # left padding: every prompt ends at column width - 1
-            ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            mask[row, width - len(prompt) :] = 1
+        ids, mask = pad_left(prompts, pad)  # every prompt ends at the last column, width
+        width = ids.shape[1]
         seed = None if args.seed is None else args.seed + index
         out = model.generate(ids, mask, seed=seed, **options)
         lines = []

@@ -101,10 +101,10 @@ def encode_labeled(
     """(ids, label index) of each example: the ids with the tokenizer's own specials ([CLS] ...
     [SEP]), cut to ``max_tokens`` keeping the last one."""
     from attnkit.generation.text import encode as with_specials
+    from attnkit.generation.text import fit
 
     index = {name: i for i, name in enumerate(labels)}
-    rows = with_specials(tokenizer, [text for text, _ in examples])
-    cut = [row if len(row) <= max_tokens else [*row[: max_tokens - 1], row[-1]] for row in rows]
+    cut = [fit(row, max_tokens) for row in with_specials(tokenizer, [text for text, _ in examples])]
     return [(row, index[label]) for row, (_, label) in zip(cut, examples, strict=True) if row]
 
 

@@ -1,4 +1,5 @@
-"""Batches for decoding many sources: sorted by length, padded on the right."""
+"""Batches for decoding many inputs: sorted by length, padded on the right (sources) or on the
+left (prompts)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,21 @@ def pad_right(
         ids[row, : len(sequence)] = torch.as_tensor(sequence, dtype=torch.long)
         mask[row, : len(sequence)] = 1
     return ids.to(device), mask.to(device)
+
+
+def pad_left(sequences: Sequence[Sequence[int]], pad: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """Token-id lists as ``(ids, attention_mask)``, both (N, longest), padded on the left: every
+    prompt ends at the last column, where a decoder-only model continues it."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, sequence in enumerate(sequences):
+        ids[row, width - len(sequence) :] = torch.as_tensor(sequence, dtype=torch.long)
+        mask[row, width - len(sequence) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def positions(real: Tensor) -> Tensor:
+    """Position ids (N, T) of left-padded rows: each row counts from its first real token
+    (``real``: 1/True at real tokens); padding takes position 0."""
+    return (real.long().cumsum(-1) - 1).clamp(min=0)

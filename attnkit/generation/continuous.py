@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnkit.generation.batches import pad_left
+from attnkit.generation.batches import positions as row_positions
 from attnkit.generation.greedy import argmax
 from attnkit.generation.incremental import decoder_only_step
 from attnkit.models.core import DecoderOnlyModel
@@ -81,15 +83,11 @@ class ContinuousBatch:
         for request in requests:
             if not request.prompt:
                 raise ValueError("a request needs a prompt of at least one token")
-        longest = max(len(r.prompt) for r in requests)
         device = self.model.embeddings.token.weight.device
-        ids = torch.zeros(len(requests), longest, dtype=torch.long, device=device)
-        real = torch.zeros(len(requests), longest, dtype=torch.bool, device=device)
-        for row, request in enumerate(requests):
-            ids[row, longest - len(request.prompt) :] = torch.tensor(request.prompt, device=device)
-            real[row, longest - len(request.prompt) :] = True
-        positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (n, P): each row counts from its first token
-        cache = self.model.decoder.new_cache(capacity=longest + HEADROOM)
+        ids, real = pad_left([r.prompt for r in requests], 0, device)  # (n, P)
+        real = real.bool()
+        positions = row_positions(real)  # (n, P): each row counts from its first token
+        cache = self.model.decoder.new_cache(capacity=ids.shape[1] + HEADROOM)
         mask = None if bool(real.all()) else real
         logits = self.model(ids, mask, cache=cache, position_ids=positions).logits[:, -1]  # (n, vocab)
         tokens = self._choose(logits, list(requests))

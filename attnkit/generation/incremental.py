@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnkit.generation.batches import positions
 from attnkit.models.core import DecoderOnlyModel, EncoderDecoderModel, Model
 from attnkit.nn import padding_mask
 from attnkit.nn.cache import DecoderCache
@@ -58,7 +59,7 @@ class IncrementalModel:
             real = real.repeat_interleave(copies, dim=0)  # (B·copies, T)
             # Left-padded prompts count positions from each row's first real token; every new
             # position is real, so rows without padding need no key mask at all.
-            self.positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B·copies, T)
+            self.positions = positions(real)  # (B·copies, T)
             self.next_position = self.positions[:, -1:] + 1  # (B·copies, 1)
             if not bool(real.all()):
                 self.key_mask = torch.ones(rows, prompt + max_new_tokens, dtype=torch.bool, device=real.device)

@@ -41,6 +41,12 @@ def source_ids(tokenizer: Tokenizer, eos: int | None, texts: Sequence[str]) -> l
     return sources
 
 
+def fit(ids: list[int], cap: int) -> list[int]:
+    """``ids`` cut to at most ``cap`` tokens, keeping the last one (the tokenizer's closing
+    special, [SEP] or </s>), as ``transformers``' truncation keeps it."""
+    return ids if len(ids) <= cap else [*ids[: cap - 1], ids[-1]]
+
+
 def encode(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
     """Token ids of each text, special tokens included, without any padding the tokenizer adds."""
     return [[i for i, m in zip(e.ids, e.attention_mask, strict=True) if m] for e in tokenizer.encode_batch(texts)]

@@ -8,7 +8,7 @@ wire them and speak the ecosystem's API at the edge (``attention_mask`` 1 = real
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -318,24 +318,38 @@ class EncoderOnlyModel(Model):
         hidden states averaged over each text's real tokens (as sentence-transformers pools
         all-MiniLM-L6-v2), unit length with ``normalize`` (dot products are then cosines).
         Texts longer than the model's positions are cut there."""
-        from attnkit.generation.batches import length_sorted, pad_right
-        from attnkit.generation.text import encode
         from attnkit.nn.pooling import mean_pool
         from attnkit.nn.pooling import normalize as unit
+
+        ids = self.text_ids(texts)
+        vectors = torch.zeros(len(ids), self.config.d_model, device=self.embeddings.token.weight.device)
+        for batch, out, mask in self.batched(ids, batch_size):
+            vectors[batch] = mean_pool(out.last_hidden_state.float(), mask)
+        return unit(vectors) if normalize else vectors
+
+    def text_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's ids with the model's tokenizer, its specials included ([CLS] ... [SEP]),
+        cut to the model's positions keeping the last one."""
+        from attnkit.generation.text import encode, fit
 
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of strings, got one str; wrap it in a list")
         tokenizer = getattr(self, "tokenizer", None)
         if tokenizer is None:
             raise ValueError("this model has no tokenizer to read text with; load it from a directory that has one")
+        return [fit(row, self.config.max_len) for row in encode(tokenizer, list(texts))]
+
+    @torch.no_grad()
+    def batched(
+        self, ids: Sequence[Sequence[int]], batch_size: int = 32
+    ) -> Iterator[tuple[Tensor, ModelOutput, Tensor]]:
+        """Forward passes over token-id rows in batches of similar length (little padding):
+        each batch's row indices (B,), its output and its attention mask (B, T)."""
+        from attnkit.generation.batches import length_sorted, pad_right
+
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         device = self.embeddings.token.weight.device
-        cap = self.config.max_len  # a longer text is cut before its last token ([SEP]), which is kept
-        ids = [row if len(row) <= cap else [*row[: cap - 1], row[-1]] for row in encode(tokenizer, list(texts))]
-        vectors = torch.zeros(len(ids), self.config.d_model, device=device)
-        for batch in length_sorted([len(row) for row in ids], batch_size):  # texts of similar length together
+        for batch in length_sorted([len(row) for row in ids], batch_size):
             input_ids, mask = pad_right([ids[i] for i in batch], self.config.pad_token_id or 0, device)
-            hidden = self(input_ids, mask).last_hidden_state.float()  # (B, T, d)
-            vectors[torch.tensor(batch, device=device)] = mean_pool(hidden, mask)
-        return unit(vectors) if normalize else vectors
+            yield torch.tensor(batch, device=device), self(input_ids, mask), mask

@@ -160,12 +160,10 @@ async def events(job: Job) -> AsyncIterator[tuple[str, Any]]:
 
 async def _result(job: Job) -> Any:
     """The job's result once it is done (its streamed tokens passed over)."""
-    while True:
-        kind, value = await job.events.get()
-        if kind == "error":
-            raise ApiError(500, value, "server_error")
+    async for kind, value in events(job):
         if kind == "done":
             return value
+    raise ApiError(500, "the job ended without a result", "server_error")
 
 
 async def outcomes(jobs: list[Job], request: HttpRequest) -> list[Any]:

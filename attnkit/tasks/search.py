@@ -6,8 +6,8 @@ The corpus's embeddings are cached on disk, ``<cache>/<corpus>-<fingerprint>/`` 
 ``embeddings.safetensors`` (the unit vectors) beside ``index.json`` (the references and texts,
 in the same order). The fingerprint hashes the model's weights and tokenizer and the corpus's
 references and texts, so a changed model or corpus is embedded again, never read stale; a damaged cache is
-rebuilt. Files are written to a temporary name and renamed, so an interrupted build leaves
-nothing half-written.
+rebuilt. The entry is written as a temporary directory and renamed into place
+(:func:`~attnkit.models.io.write_directory`), so an interrupted build leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 
 from attnkit.models.core import EncoderOnlyModel
+from attnkit.models.io import write_directory
 
 EMBEDDINGS, INDEX = "embeddings.safetensors", "index.json"
 
@@ -97,20 +97,9 @@ def cached(
     except Exception:  # missing or damaged (safetensors' own error included): build it again
         pass
     index = build(model, items, batch_size)
-    directory.mkdir(parents=True, exist_ok=True)
-    _atomic(directory / EMBEDDINGS, lambda path: save_file({"vectors": index.vectors.contiguous()}, path))
     text = json.dumps({"references": index.references, "texts": index.texts}, ensure_ascii=False)
-    _atomic(directory / INDEX, lambda path: Path(path).write_text(text, encoding="utf-8"))
+    write_directory(directory, {EMBEDDINGS: {"vectors": index.vectors}, INDEX: text.encode()}, overwrite=True)
     return index, False
-
-
-def _atomic(path: Path, write: object) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    try:
-        write(tmp)  # type: ignore[operator]
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def default_cache() -> Path:

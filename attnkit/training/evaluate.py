@@ -104,13 +104,9 @@ def classification_scores(
     class, columns: the predicted one) of ``model``'s predictions of (ids, class) examples."""
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
     confusion = torch.zeros(classes, classes, dtype=torch.long)
-    pad = model.config.pad_token_id
-    for batch in length_sorted([len(ids) for ids, _ in examples], batch_size):
-        ids, mask = pad_right([examples[i][0] for i in batch], pad, device)
-        predicted = model(ids, mask).logits.argmax(-1).cpu()
-        for i, guess in zip(batch, predicted.tolist(), strict=True):
+    for batch, out, _ in model.batched([ids for ids, _ in examples], batch_size):  # type: ignore[attr-defined]
+        for i, guess in zip(batch.tolist(), out.logits.argmax(-1).tolist(), strict=True):
             confusion[examples[i][1], guess] += 1
     model.train(was_training)
     hits = confusion.diagonal().double()

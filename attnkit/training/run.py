@@ -98,11 +98,11 @@ def pretrained(run: RunConfig) -> Model | None:
     return model
 
 
-def _model_specials(run: RunConfig, base: Model | None) -> ModelSpecials | None:
-    """A fine-tuned language model's own special ids (its tokenizer is not attnkit's)."""
-    if base is None or run.objective == "classify":
+def _model_specials(run: RunConfig, cfg: ModelConfig | None) -> ModelSpecials | None:
+    """A fine-tuned language model's own special ids, from its config ``cfg`` (its tokenizer is
+    not attnkit's); None where the run needs none."""
+    if cfg is None or run.train.init is None or run.objective == "classify":
         return None
-    cfg = base.config
     eos = cfg.eos_token_id
     if eos is None:
         raise ValueError(
@@ -115,7 +115,8 @@ def _model_specials(run: RunConfig, base: Model | None) -> ModelSpecials | None:
 def _start(run: RunConfig, run_dir: Path, prepared: Data | None, base: Model | None) -> Data:
     """A new run's data (``prepared``, or read now with ``base``'s tokenizer when fine-tuning),
     with its config and tokenizer written into ``run_dir`` once they are known to make batches."""
-    data = prepared or load_data(run, None if base is None else base.tokenizer, _model_specials(run, base))
+    base_config = None if base is None else base.config
+    data = prepared or load_data(run, None if base is None else base.tokenizer, _model_specials(run, base_config))
     train_batches(run, data)
     run = model_config_for(run, data, None if base is None else base.config)
     (run_dir / RUN_CONFIG).write_text(json.dumps(run.to_dict(), indent=2) + "\n", encoding="utf-8")
@@ -266,21 +267,16 @@ def train(
         checkpoint = latest_checkpoint(run_dir) if resume else None
         if resume and checkpoint is None and world.is_main:
             log.warning("no complete checkpoint in %s: starting from the beginning", run_dir)
-        data = None
+        data, saved = None, None
         base = pretrained(run) if checkpoint is None else None  # a resumed run's weights are its own
         if checkpoint is None:
             data = distributed.on_main(world, lambda: _start(run, run_dir, prepared, base))
         if data is None:  # resumed
             saved = run_from_dict(json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8")))
-            specials = None
-            if saved.train.init is not None and saved.objective == "causal_lm":
-                m = saved.model
-                bos = m.eos_token_id if m.bos_token_id is None else m.bos_token_id
-                specials = ModelSpecials(m.vocab_size, m.pad_token_id, bos, m.eos_token_id)  # type: ignore[arg-type]
+            specials = _model_specials(saved, saved.model)
             data = prepared or load_data(run, load_tokenizer(run_dir / TOKENIZER), specials)
         run = model_config_for(run, data, None if base is None else base.config)
         if checkpoint is not None:  # a resumed run keeps its config, but for when to stop and report
-            saved = run_from_dict(json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8")))
             run = _resumed_config(saved, run)
         torch.manual_seed(run.train.seed)  # the initial weights
         if base is None:
