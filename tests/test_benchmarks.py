@@ -109,4 +109,6 @@ def test_decoding_reports_every_format_against_transformers_and_ctranslate2_or_w
             else:
                 assert "not installed" in numbers["skipped"]["CTranslate2"]
         assert numbers["floors"][fmt]["floor_ms"] > 0 and numbers["floors"][fmt]["ms_per_token"] > 0
+        assert (f"attnkit {fmt} compiled", "transformers fp32", "GPT-2") in rows
+        assert numbers["floors"][f"{fmt} compiled"]["compile_seconds"] > 0
     assert all(t > 0 for r in numbers["results"] for t in (*r["ours"], *r["peer"]))

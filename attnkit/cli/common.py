@@ -104,6 +104,11 @@ def decoding_options(args: argparse.Namespace, model: Model, fallback: dict[str,
         raise ValueError(f"{', '.join(set_without_sampling)} {verb} only when sampling; add --do-sample")
     if args.do_sample and effective.get("num_beams", 1) > 1:
         raise ValueError(f"--do-sample samples one path per input; use --num-beams 1 (got {effective['num_beams']})")
+    if args.compile and effective.get("num_beams", 1) > 1:
+        raise ValueError(
+            f"--compile compiles the one-path step (greedy or sampling); beam search (--num-beams "
+            f"{effective['num_beams']}) runs eagerly: add --num-beams 1 or drop --compile"
+        )
     check_no_repeat_ngram_size(args.no_repeat_ngram_size)
     for flag, value in [("--eos-id", args.eos_id), ("--pad-id", args.pad_id)]:
         if value is not None and not 0 <= value < model.config.vocab_size:
@@ -116,7 +121,16 @@ def decoding_options(args: argparse.Namespace, model: Model, fallback: dict[str,
         top_p=args.top_p,
         eos_token_id=args.eos_id,
         pad_token_id=args.pad_id,
+        compile=args.compile,
     )
+
+
+def report_compiles() -> None:
+    """On stderr: each decoding step ``--compile`` compiled, and the seconds it took."""
+    from attnkit.generation.compiled import COMPILES
+
+    for done in COMPILES:
+        print(f"compiled the decoding step ({done.what}) in {done.seconds:.1f} s", file=sys.stderr)
 
 
 def add_decoding_flags(parser: argparse.ArgumentParser, fallback: dict[str, object]) -> None:
@@ -163,6 +177,11 @@ def add_decoding_flags(parser: argparse.ArgumentParser, fallback: dict[str, obje
         "--eos-id", metavar="ID", type=int, help="end-of-sequence token id (default: the model config's)"
     )
     group.add_argument("--pad-id", metavar="ID", type=int, help="padding token id (default: the model config's)")
+    group.add_argument(
+        "--compile", action="store_true",
+        help="run the greedy or sampled decoding step as one compiled graph (torch.compile): each new batch shape "
+        "compiles first (seconds to a minute, reported), so it pays off over many inputs",
+    )  # fmt: skip
     parser.add_argument("--batch-size", metavar="N", type=int, default=16, help="inputs decoded together (default 16)")
 
 

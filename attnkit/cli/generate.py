@@ -16,6 +16,7 @@ from attnkit.cli.common import (
     load_for,
     one_line,
     parse_ids,
+    report_compiles,
     streamed,
     tokenizer_of,
     until_eos,
@@ -79,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         for lines in translate_lines(model, tokenizer, texts, options, args.batch_size, args.seed, None,
                                      streamed(args, prompts_given), eos, pad):  # fmt: skip
             emit(lines)
+        if args.compile:
+            report_compiles()
         return 0
     tokenizer = None
     if args.ids is not None:
@@ -109,4 +112,6 @@ def run(args: argparse.Namespace) -> int:
             else:
                 lines.append(one_line(tokenizer.decode(tokens, skip_special_tokens=True)))
         emit(lines)
+    if args.compile:
+        report_compiles()
     return 0

@@ -16,6 +16,7 @@ from attnkit.cli.common import (
     input_lines,
     load_for,
     one_line,
+    report_compiles,
     streamed,
     tokenizer_of,
     until_eos,
@@ -84,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     batches = args.batch_size, args.seed, args.source_length_offset, stream, eos, pad
     for lines in translate_lines(model, tokenizer, texts, options, *batches):
         emit(lines)
+    if args.compile:
+        report_compiles()
     return 0
 
 

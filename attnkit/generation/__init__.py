@@ -128,6 +128,7 @@ def generate(
     forced_eos_token_id: int | None = None,
     bad_words_ids: list[list[int]] | None = None,
     streamer: Callable[[Tensor], None] | None = None,
+    compile: bool = False,
 ) -> Tensor:
     """Continue ``input_ids`` (decoder-only: returns prompt + continuation) or translate them
     (encoder–decoder: returns the decoder sequence, starting with its start token).
@@ -149,6 +150,10 @@ def generate(
     ``forced_eos_token_id`` force the first / last new token; ``bad_words_ids`` are never
     completed. ``streamer`` (greedy and sampling) is called with each step's new tokens (N,)
     as they are chosen, for output shown while it is decoded.
+
+    ``compile`` (greedy and sampling) runs each step after the first as one compiled graph
+    (:mod:`attnkit.generation.compiled`): the first call for a model and shape compiles it
+    (seconds to a minute, logged), later ones reuse it.
     """
     cfg = model.config
     max_new_tokens = _new_tokens(cfg, input_ids, max_new_tokens, max_length)
@@ -175,7 +180,13 @@ def generate(
             else torch.full_like(input_ids[:, 0], input_ids.shape[1])
         )
         budget = (lengths + source_length_offset).clamp(min=1)
-    incremental = IncrementalModel(model, input_ids, attention_mask, num_beams, max_new_tokens)
+    if compile and num_beams > 1:
+        raise ValueError(
+            f"compile=True compiles the one-path step (greedy or sampling); beam search (num_beams={num_beams}) "
+            "reorders its rows every step and runs eagerly: drop compile=True or use num_beams=1"
+        )
+    longest = max_new_tokens if budget is None else min(max_new_tokens, int(budget.max()))  # what the cache holds
+    incremental = IncrementalModel(model, input_ids, attention_mask, num_beams, longest, compile)
     # In transformers' order: n-grams, bad words, forced first token, forced last token.
     constraints = []
     if no_repeat_ngram_size is not None:  # n-grams over what the decoder reads: the prompt or the start token

@@ -52,7 +52,8 @@ def decode_one_path(
     ``budget`` (N,): a per-row cap on new tokens (source length + offset), on top of
     ``max_new_tokens``. ``constraint`` rewrites the logits before each choice (banned tokens
     to -inf: :func:`attnkit.generation.ngrams.no_repeat_ngram`). Rows that finished are dropped
-    from the batch (``DROP_FRACTION``), so a batch costs what its unfinished rows cost.
+    from the batch (``DROP_FRACTION``), so a batch costs what its unfinished rows cost (not
+    when the step is compiled: they keep stepping, their tokens discarded).
     ``streamer`` is called with each step's tokens (N,) as soon as they are chosen (finished
     rows: ``pad_token_id``).
     """
@@ -79,7 +80,7 @@ def decode_one_path(
             return out[:, : t + 1]
         if t + 1 == max_new_tokens:
             break
-        if done >= DROP_FRACTION * rows.shape[0]:
+        if done >= DROP_FRACTION * rows.shape[0] and not model.compiled:  # a compiled step keeps its shapes
             keep = (~finished).nonzero().squeeze(1)  # (n',)
             model.reorder(keep)
             rows, token, finished = rows[keep], token[keep], finished[keep]

@@ -6,8 +6,10 @@ decoder-only and encoder–decoder models: :meth:`IncrementalModel.start` then
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from attnkit.generation import compiled
 from attnkit.generation.batches import positions
 from attnkit.models.core import DecoderOnlyModel, EncoderDecoderModel, Model
 from attnkit.nn import padding_mask
@@ -18,12 +20,25 @@ def decoder_only_step(
     model: DecoderOnlyModel, tokens: Tensor, cache: DecoderCache, key_mask: Tensor | None, positions: Tensor
 ) -> Tensor:
     """One new token per row (N, 1) at ``positions`` (N, 1) through a decoder-only model with its
-    ``cache``; ``key_mask`` (N, len(cache) + 1): the keys each row may read (None: all). Returns
-    the next-token logits (N, vocab)."""
+    ``cache``; ``key_mask`` (N, len(cache) + 1), or (N, capacity) with a fixed cache: the keys
+    each row may read (None: all). Returns the next-token logits (N, vocab)."""
     mask = None if key_mask is None else padding_mask(key_mask)  # (N, 1, 1, seen)
     x = model.embeddings(tokens, position_ids=positions)
     h = model.decoder(x, mask=mask, cache=cache, positions=positions)
     return model.head(h, model.embeddings.token.weight)[:, -1]
+
+
+def encoder_decoder_step(
+    model: EncoderDecoderModel, tokens: Tensor, cache: DecoderCache, memory: Tensor, memory_mask: Tensor | None
+) -> Tensor:
+    """One new target token per row (N, 1) through the decoder, attending to ``memory``
+    (N / g, S, d) (an example's g rows share theirs); returns the next-token logits (N, vocab)."""
+    if cache.clock is not None and cache.clock.stepping:  # fixed shapes: the position is a tensor, not an int
+        x = model.decoder_embeddings(tokens, position_ids=cache.clock.slot.expand(tokens.shape[0], 1))
+    else:
+        x = model.decoder_embeddings(tokens, len(cache))
+    h = model.decoder(x, memory, memory_mask=memory_mask, cache=cache)
+    return model.head(h, model.decoder_embeddings.token.weight)[:, -1]
 
 
 class IncrementalModel:
@@ -34,20 +49,43 @@ class IncrementalModel:
     The step is lean: the tokens it feeds are the decoder's own choices, so they are not
     validated again; the key mask and positions of decoder-only rows live in buffers sized for
     the whole decode, so a step slices them instead of allocating.
+
+    ``compile``: every step after the first runs one compiled fixed-shape graph
+    (:mod:`attnkit.generation.compiled`) over a cache of fixed capacity (a power of two that
+    holds the decode, within the model's context); the rows keep their places (no
+    :meth:`reorder`), and an encoder–decoder's source is padded to a power of two, so that
+    later calls of other lengths reuse the graph.
     """
 
     def __init__(
-        self, model: Model, input_ids: Tensor, attention_mask: Tensor | None, copies: int = 1, max_new_tokens: int = 64
+        self,
+        model: Model,
+        input_ids: Tensor,
+        attention_mask: Tensor | None,
+        copies: int = 1,
+        max_new_tokens: int = 64,
+        compile: bool = False,
     ) -> None:
-        self.model, self.copies = model, copies
+        self.model, self.copies, self.compiled = model, copies, compile
         self.encoder_decoder = model.config.is_encoder_decoder
         prompt = 1 if self.encoder_decoder else input_ids.shape[1]
-        # Room for 32 new tokens, then the cache doubles as far as the decode really goes: a step
-        # attends over the whole buffer (KVCache.whole), so it is kept within twice what is filled.
-        self.cache = model.decoder.new_cache(capacity=prompt + min(max_new_tokens, 32), groups=copies)
+        if compile:
+            capacity = compiled.bucket(prompt + max_new_tokens, model.config.max_len)
+            self.cache = model.decoder.new_cache(capacity=capacity, fixed=True)
+            embeddings = model.decoder_embeddings if isinstance(model, EncoderDecoderModel) else model.embeddings
+            if embeddings.positions is not None:
+                embeddings.positions.cover(capacity)  # first: a grown table is a new constant
+            compiled.check_weights(model)
+        else:
+            # Room for 32 new tokens, then the cache doubles as far as the decode really goes: a step
+            # attends over the whole buffer (KVCache.whole), so it is kept within twice what is filled.
+            capacity = prompt + max_new_tokens
+            self.cache = model.decoder.new_cache(capacity=prompt + min(max_new_tokens, 32), groups=copies)
         rows = input_ids.shape[0] * copies
         self.key_mask: Tensor | None = None
         if isinstance(model, EncoderDecoderModel):
+            if compile:
+                input_ids, attention_mask = _pad_source(input_ids, attention_mask, model.config.pad_token_id)
             # One memory row per example, not per copy: cross-attention lets an example's rows
             # share its memory's keys and values (MultiHeadAttention groups them).
             self.memory, self.memory_mask = model.encode(input_ids, attention_mask)  # (B, S, d), (B, 1, 1, S)
@@ -62,7 +100,7 @@ class IncrementalModel:
             self.positions = positions(real)  # (B·copies, T)
             self.next_position = self.positions[:, -1:] + 1  # (B·copies, 1)
             if not bool(real.all()):
-                self.key_mask = torch.ones(rows, prompt + max_new_tokens, dtype=torch.bool, device=real.device)
+                self.key_mask = torch.ones(rows, capacity, dtype=torch.bool, device=real.device)
                 self.key_mask[:, :prompt] = real
 
     def start(self) -> Tensor:
@@ -76,6 +114,8 @@ class IncrementalModel:
     def step(self, tokens: Tensor) -> Tensor:
         """Feed one new token per row (N,); return the logits (N, vocab) of the next one."""
         tokens = tokens[:, None]  # (N,) -> (N, 1)
+        if self.compiled:
+            return self._compiled_step(tokens)
         if self.encoder_decoder:
             return self._decode(tokens)
         seen = len(self.cache) + 1
@@ -83,17 +123,31 @@ class IncrementalModel:
         positions, self.next_position = self.next_position, self.next_position + 1
         return decoder_only_step(self.model, tokens, self.cache, mask, positions)  # type: ignore[arg-type]
 
+    def _compiled_step(self, tokens: Tensor) -> Tensor:
+        assert self.cache.clock is not None
+        tokens = tokens.contiguous()  # a column of a larger table would be a graph of its own strides
+        if self.encoder_decoder:
+            args = (tokens, self.cache, self.memory, self.memory_mask)
+            logits = compiled.call(encoder_decoder_step, self.model, *args)
+        else:
+            args = (tokens, self.cache, self.key_mask, self.next_position)  # type: ignore[assignment]
+            logits = compiled.call(decoder_only_step, self.model, *args)
+            self.next_position = self.next_position + 1
+        self.cache.clock.advance()
+        return logits
+
     def _decode(self, tokens: Tensor) -> Tensor:
-        model: EncoderDecoderModel = self.model  # type: ignore[assignment]
-        x = model.decoder_embeddings(tokens, len(self.cache))
-        h = model.decoder(x, self.memory, memory_mask=self.memory_mask, cache=self.cache)
-        return model.head(h, model.decoder_embeddings.token.weight)[:, -1]
+        return encoder_decoder_step(self.model, tokens, self.cache, self.memory, self.memory_mask)  # type: ignore[arg-type]
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (N',): beam search re-ranking hypotheses within each example,
         and dropping every row of the examples that are done (N' < N). An example's rows stay
         in that example, so the memory and its cross-attention keys/values, shared by them,
         are only narrowed to the examples that remain."""
+        if self.compiled:
+            raise ValueError(
+                "a compiled decode keeps its rows in place (its shapes are fixed); reorder() needs compile=False"
+            )
         examples = None
         if index.shape[0] != self.prompt.shape[0]:
             examples = index.view(-1, self.copies)[:, 0] // self.copies  # (B',): the examples that remain
@@ -107,3 +161,11 @@ class IncrementalModel:
             self.next_position = self.next_position.index_select(0, index)
             if self.key_mask is not None:
                 self.key_mask = self.key_mask.index_select(0, index)
+
+
+def _pad_source(ids: Tensor, mask: Tensor | None, pad: int | None) -> tuple[Tensor, Tensor]:
+    """Sources (B, S) padded on the right to a power of two (masked), so that a compiled step
+    reads a memory of one of a few lengths."""
+    mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    extra = compiled.bucket(ids.shape[1], least=16) - ids.shape[1]
+    return F.pad(ids, (0, extra), value=pad or 0), F.pad(mask, (0, extra), value=False)

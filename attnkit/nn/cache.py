@@ -267,17 +267,95 @@ class BeamKVCache:
             self._k, self._v = self._k.index_select(0, examples), self._v.index_select(0, examples)
 
 
+class StepClock:
+    """Where a fixed-shape decoding step writes, shared by the layers of a decoder: ``slot``, a
+    (1,) tensor the compiled graph reads (a Python int there would be a constant, and every
+    step a new graph), and ``filled``, the same count as an int for the eager code around it."""
+
+    def __init__(self) -> None:
+        self.slot: Tensor | None = None  # (1,) long: the position the next step writes
+        self.filled = 0
+
+    @property
+    def stepping(self) -> bool:
+        """True once the prompt is in: every later call is a one-position step."""
+        return self.slot is not None
+
+    def begin(self, length: int, device: torch.device) -> None:
+        if self.slot is None:
+            self.slot = torch.full((1,), length, dtype=torch.long, device=device)
+            self.filled = length
+
+    def advance(self) -> None:
+        """After a step: the next one writes one position further (in place, outside the graph)."""
+        assert self.slot is not None
+        self.slot += 1
+        self.filled += 1
+
+
+class StaticKVCache:
+    """Keys and values of one self-attention module in buffers of a fixed ``capacity``,
+    ``(B, H, capacity, d)``: a decoding step's shapes never change, so the step compiles once
+    (:mod:`attnkit.generation.compiled`).
+
+    The prompt (the first call) fills positions 0 .. t-1 and attends to its own keys as usual.
+    Each later call writes its one new key and value at ``clock.slot`` and returns the whole
+    buffers, the positions after the slot masked out; the caller advances the clock.
+    """
+
+    static = False
+
+    def __init__(self, clock: StepClock, capacity: int) -> None:
+        self.clock, self.capacity = clock, capacity
+        self._k: Tensor | None = None  # (B, H, capacity, d_k)
+        self._v: Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.clock.filled
+
+    def attend(
+        self, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, whole: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """Write the new ``k``, ``v`` (B, H, t, d). A step's ``mask`` and ``bias`` already span
+        the capacity (B or 1, ·, 1, capacity); ``whole`` is implied."""
+        if self._k is None or self._v is None:  # the prompt
+            t = k.shape[-2]
+            if t > self.capacity:
+                raise ValueError(f"a prompt of {t} positions does not fit a fixed cache of {self.capacity}")
+            self._k = k.new_zeros(*k.shape[:-2], self.capacity, k.shape[-1])  # zeros: 0 x NaN would be NaN
+            self._v = v.new_zeros(*v.shape[:-2], self.capacity, v.shape[-1])
+            self._k[..., :t, :], self._v[..., :t, :] = k, v
+            self.clock.begin(t, k.device)
+            return k, v, mask, bias
+        slot = self.clock.slot
+        assert slot is not None
+        self._k.index_copy_(2, slot, k)
+        self._v.index_copy_(2, slot, v)
+        valid = (torch.arange(self.capacity, device=k.device) <= slot).view(1, 1, 1, -1)  # (1, 1, 1, capacity)
+        return self._k, self._v, valid if mask is None else mask & valid, bias
+
+
 class DecoderCache:
     """The caches of a decoder stack: one self-attention and (optionally) one cross-attention
     :class:`KVCache` per layer. ``groups`` > 1 (beam search with that many beams per
     example): the self-attention caches are :class:`BeamKVCache`, re-ranked by one shared
-    :class:`BeamHistory`."""
+    :class:`BeamHistory`. ``fixed``: :class:`StaticKVCache` of exactly ``capacity`` positions,
+    written where one shared :class:`StepClock` says (the compiled step)."""
 
-    def __init__(self, n_layers: int, cross_attention: bool, capacity: int = 64, groups: int = 1) -> None:
-        self.groups = groups
+    def __init__(
+        self, n_layers: int, cross_attention: bool, capacity: int = 64, groups: int = 1, fixed: bool = False
+    ) -> None:
+        if fixed and groups > 1:
+            raise ValueError("a fixed-shape cache decodes one path per row; beam search grows its own")
+        self.groups, self.capacity = groups, capacity
         self.history = BeamHistory(groups) if groups > 1 else None
-        self.self_attn: list[KVCache | BeamKVCache] = [
-            KVCache(capacity=capacity) if self.history is None else BeamKVCache(self.history, capacity)
+        self.clock = StepClock() if fixed else None
+        self.self_attn: list[KVCache | BeamKVCache | StaticKVCache] = [
+            StaticKVCache(self.clock, capacity)
+            if self.clock is not None
+            else KVCache(capacity=capacity)
+            if self.history is None
+            else BeamKVCache(self.history, capacity)
             for _ in range(n_layers)
         ]
         self.cross_attn: list[KVCache | None] = [
@@ -292,6 +370,8 @@ class DecoderCache:
         """Keep target rows ``index`` (N',); ``examples`` (B'): the examples (memory rows) that
         remain, when some were dropped. Without it the memory's keys and values are left alone:
         right when ``index`` only permutes rows that share a memory row (an example's beams)."""
+        if self.clock is not None:
+            raise ValueError("a fixed-shape cache keeps its rows: the compiled step's shapes do not change")
         if self.history is not None:  # beams: re-rank through the history, drop whole examples
             if examples is not None:
                 for beams in self.self_attn:
@@ -309,7 +389,9 @@ class DecoderCache:
     def join(self, other: DecoderCache) -> None:
         """Add ``other``'s rows after these, right-aligned (:meth:`KVCache.join`): for a
         decoder-only stack without beams, the case of continuous batching."""
-        if self.history is not None or other.history is not None or any(c is not None for c in self.cross_attn):
+        fixed = self.clock is not None or other.clock is not None
+        cross = any(c is not None for c in self.cross_attn)
+        if fixed or cross or self.history is not None or other.history is not None:
             raise ValueError("join() joins the caches of a decoder-only stack decoded without beams")
         for mine, theirs in zip(self.self_attn, other.self_attn, strict=True):
             mine.join(theirs)  # type: ignore[union-attr, arg-type]

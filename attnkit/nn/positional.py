@@ -73,9 +73,14 @@ class SinusoidalPositionalEncoding(nn.Module):
         self._grow(offset + length)
         return self.table[offset : offset + length]
 
+    def cover(self, end: int) -> None:
+        """Make positions 0 .. end - 1 available (before a compiled step, which cannot grow the table)."""
+        self._grow(end)
+
     def at(self, position_ids: Tensor) -> Tensor:
         """Encodings at arbitrary positions: ``(B, T)`` ids -> ``(B, T, d_model)``."""
-        self._grow(int(position_ids.max()) + 1)
+        if not torch.compiler.is_compiling():  # a compiled step's positions are covered first
+            self._grow(int(position_ids.max()) + 1)
         return self.table[position_ids]
 
 
@@ -101,9 +106,14 @@ class LearnedPositionalEmbedding(nn.Module):
         self._check(offset + length)
         return self.weight[offset : offset + length]
 
+    def cover(self, end: int) -> None:
+        """Refuse positions beyond the table before a compiled step (which does not check them)."""
+        self._check(end)
+
     def at(self, position_ids: Tensor) -> Tensor:
         """Embeddings at arbitrary positions: ``(B, T)`` ids -> ``(B, T, d_model)``."""
-        self._check(int(position_ids.max()) + 1)
+        if not torch.compiler.is_compiling():  # a compiled step's positions are covered first
+            self._check(int(position_ids.max()) + 1)
         return self.weight[position_ids]
 
 
@@ -154,10 +164,14 @@ class RelativePositionBias(nn.Module):
         self.embedding = nn.Embedding(num_buckets, n_heads)
 
     def forward(self, n: int, m: int, offset: int = 0) -> Tensor:
-        device = self.embedding.weight.device
-        query = torch.arange(offset, offset + n, device=device)[:, None]  # (n, 1)
-        key = torch.arange(m, device=device)[None, :]  # (1, m)
-        buckets = relative_position_bucket(key - query, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.at(torch.arange(offset, offset + n, device=self.embedding.weight.device), m)
+
+    def at(self, query: Tensor, m: int) -> Tensor:
+        """The bias of queries at positions ``query`` (n,) against keys ``0 .. m - 1``: (1, H, n, m)."""
+        key = torch.arange(m, device=query.device)[None, :]  # (1, m)
+        buckets = relative_position_bucket(
+            key - query[:, None], self.bidirectional, self.num_buckets, self.max_distance
+        )
         return self.embedding(buckets).permute(2, 0, 1)[None]  # (n, m, H) -> (1, H, n, m)
 
 

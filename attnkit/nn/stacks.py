@@ -62,11 +62,12 @@ class Decoder(nn.Module):
     def cross_attention(self) -> bool:
         return any(layer.cross_attn is not None for layer in self.layers)
 
-    def new_cache(self, capacity: int = 64, groups: int = 1) -> DecoderCache:
+    def new_cache(self, capacity: int = 64, groups: int = 1, fixed: bool = False) -> DecoderCache:
         """An empty cache for incremental decoding with this stack; ``capacity`` positions are
-        allocated up front (the buffers double when a longer sequence needs more); ``groups``
-        beams per example for beam search (:class:`~attnkit.nn.cache.BeamKVCache`)."""
-        return DecoderCache(len(self.layers), self.cross_attention, capacity, groups)
+        allocated up front (the buffers double when a longer sequence needs more, unless
+        ``fixed``: the compiled step's); ``groups`` beams per example for beam search
+        (:class:`~attnkit.nn.cache.BeamKVCache`)."""
+        return DecoderCache(len(self.layers), self.cross_attention, capacity, groups, fixed)
 
     def forward(
         self,
@@ -85,8 +86,13 @@ class Decoder(nn.Module):
         broadcastable to (B, 1, 1, m).
         """
         n = x.shape[1]
-        past = len(cache) if cache is not None else 0
-        bias = self.position_bias(n, past + n, offset=past) if self.position_bias is not None else None
+        bias = None
+        if self.position_bias is not None and cache is not None and cache.clock is not None and cache.clock.stepping:
+            # A fixed-shape step: the query's position is a tensor, the keys span the capacity.
+            bias = self.position_bias.at(cache.clock.slot, cache.capacity)  # (1, H, 1, capacity)
+        elif self.position_bias is not None:
+            past = len(cache) if cache is not None else 0
+            bias = self.position_bias(n, past + n, offset=past)  # (1, H, n, past + n)
         for i, layer in enumerate(self.layers):
             x = layer(
                 x,

@@ -442,3 +442,24 @@ def test_chat_streams_what_generate_decodes_and_refuses_a_model_without_a_templa
     new = model.generate(torch.tensor([prompt]), max_new_tokens=6)[0, len(prompt) :].tolist()
     new = new[: new.index(2)] if 2 in new else new
     assert capsys.readouterr().out == model.tokenizer.decode(new, skip_special_tokens=True) + "\n"
+
+
+@pytest.mark.slow
+def test_compile_prints_what_eager_decoding_prints_and_the_compile_time(
+    gpt_dir: Path, mt_dir: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from attnkit.generation import compiled
+
+    monkeypatch.setattr(compiled, "MODE", "default")  # no autotuning: tests/generation/test_compiled.py says why
+    runs = [
+        ["generate", "--model", str(gpt_dir), "--max-new-tokens", "6", "--prompt", "the cat", "--prompt", "hello"],
+        ["translate", "--model", str(mt_dir), *GREEDY, "the cat sat on the mat", "hello world"],
+    ]
+    for argv in runs:
+        eager = output_lines(capsys, argv)
+        assert main([*argv, "--compile"]) == 0
+        captured = capsys.readouterr()
+        assert captured.out.splitlines() == eager
+        assert "compiled the decoding step (" in captured.err and captured.err.rstrip().endswith(" s")
+    line = one_line_error(capsys, ["translate", "--model", str(mt_dir), "--compile", "hello"])
+    assert "--compile compiles the one-path step (greedy or sampling); beam search (--num-beams 4)" in line

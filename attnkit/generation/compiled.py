@@ -1,0 +1,109 @@
+"""The decoding step compiled: lines 4–6 of [alg:att-decode] for one new token per row as one
+fixed-shape graph (``torch.compile``) over the buffers of a
+:class:`~attnkit.nn.cache.StaticKVCache`.
+
+The eager step runs several hundred small kernels a token (norms, attention over the cache,
+views, residual adds) with Python between them; at batch 1 they cost about as much as the
+weight reads that bound the step. Compiled, inductor fuses them into a few loops, and with
+``freezing`` (the weights become constants of the graph) and ``max_autotune`` it also picks,
+shape by shape, between torch's int8 matrix-vector kernel and its own generated one.
+
+A graph is compiled once per model, rows, cache capacity (a power of two, so a few sizes
+cover every request) and source length bucket (encoder–decoder), and reused by every later
+call with those shapes; the first call's seconds are logged and kept in :data:`COMPILES`.
+Freezing copies the weights into the graph: change a model's weights after a compiled
+decode and the next one compiles again (:func:`check_weights` compares the weights' versions).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+
+# Kernels chosen by measuring them; the weights as constants of the graph (inductor's freezing,
+# which takes effect only as a config patch around the call that compiles, not as an option).
+MODE = "max-autotune-no-cudagraphs"
+# The autotuner writes a table of every kernel it timed to stderr: not a user's business.
+QUIET = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+SMALLEST = 64  # the smallest cache capacity
+RECOMPILE_LIMIT = 64  # graphs of the step kept, over all models and shapes
+
+
+@dataclass(frozen=True)
+class Compile:
+    """One compiled step: what it was compiled for, and the seconds its first call took."""
+
+    what: str
+    seconds: float
+
+
+COMPILES: list[Compile] = []
+_seen: set[tuple[Any, ...]] = set()  # (model, step, shapes) compiled
+_weights: dict[int, tuple[tuple[int, int], ...]] = {}  # id(model) -> the weights its graphs hold
+
+
+def bucket(n: int, limit: int | None = None, least: int = SMALLEST) -> int:
+    """The power of two (at least ``least``) that holds ``n`` positions, or ``limit`` (the
+    model's context) when that is smaller and still holds them."""
+    size = max(least, 1 << (n - 1).bit_length())
+    return size if limit is None or size <= limit or n > limit else limit
+
+
+def _versions(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """Which tensors the model holds and how often each was written in place."""
+    return tuple((id(t), t._version) for t in (*model.parameters(), *model.buffers()))
+
+
+def _shape(arg: Any) -> Any:
+    if isinstance(arg, Tensor):
+        return tuple(arg.shape), arg.dtype
+    return getattr(arg, "capacity", None if arg is None else type(arg).__name__)  # a cache: its capacity
+
+
+def check_weights(model: nn.Module) -> None:
+    """Before a compiled decode: forget every compiled graph if ``model``'s weights changed
+    since its graphs were compiled (they hold the old ones as constants)."""
+    versions, compiled_with = _versions(model), _weights.get(id(model))
+    if compiled_with is not None and compiled_with != versions:
+        log.info("the model's weights changed since its decoding step was compiled: it compiles again")
+        torch._dynamo.reset()  # dynamo keeps graphs per function, across wrappers: only a reset drops them
+        _seen.clear()
+        _weights.clear()
+    _weights[id(model)] = versions
+
+
+def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
+    """``fn(model, *args)`` through its compiled graph; the first call of a shape compiles it
+    (timed and logged). The step writes the cache among ``args`` in place."""
+    import torch._inductor.config
+
+    steps = model.__dict__.setdefault("_compiled_steps", {})  # lives as long as the model
+    compiled = steps.get(fn)
+    if compiled is None:
+        compiled = steps[fn] = torch.compile(lambda *a: fn(model, *a), dynamic=False, mode=MODE)
+    key = (id(model), fn, tuple(_shape(a) for a in args))
+    if key in _seen:
+        return compiled(*args)
+    start = time.perf_counter()
+    # Every model's step is one function to dynamo, whose graphs it counts together: beyond
+    # recompile_limit (8) it would run the step eagerly, unannounced.
+    limit = torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT)
+    with limit, torch._inductor.config.patch(QUIET | {"freezing": True}), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "TypedStorage is deprecated")  # inductor's own autotuning uses it
+        out = compiled(*args)
+    seconds = time.perf_counter() - start
+    rows, capacity = args[0].shape[0], next(a.capacity for a in args if hasattr(a, "capacity"))
+    what = f"{type(model).__name__}, {rows} row{'s' if rows > 1 else ''}, {capacity} cached positions"
+    COMPILES.append(Compile(what, seconds))
+    log.info("torch.compile: the decoding step for %s compiled in %.1f s", what, seconds)
+    _seen.add(key)
+    return out

@@ -1,0 +1,176 @@
+"""The compiled decoding step (``generate(compile=True)``) against the eager one.
+
+* The fixed-capacity cache, run eagerly, gives the logits of the growing cache, step for step,
+  on every family (sinusoidal, learned, relative and rotary positions; padded batches): the
+  static layout alone is exact.
+* Compiled, every step's logits equal the eager step's to float tolerance (inductor fuses the
+  reductions and rounds differently: fp32 within 1e-4), fed the same tokens; greedy and
+  seeded sampling (no row ending early) give the eager tokens on these models.
+* A graph compiles once per model and shape, and again when the weights changed in place.
+* Beam search, reordering and a prompt longer than the fixed cache are refused in one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_greedy_sampling import (
+    converted,
+    hf_gpt2,
+    hf_marian,
+    left_padded_mask,
+    random_ids,
+    right_padded_mask,
+    shared_model,
+)
+from torch import Tensor
+from torch.testing import assert_close
+
+import attnkit
+from attnkit.generation import compiled
+from attnkit.generation.incremental import IncrementalModel
+from attnkit.machine import native_bf16
+
+pytestmark = pytest.mark.slow  # every test compiles (a few seconds each)
+
+STEPS = 12
+FP32 = {"atol": 1e-4, "rtol": 1e-4}
+
+
+@pytest.fixture(autouse=True)
+def quick_compile(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """inductor's default mode, without autotuning (about 2 s per matrix shape, from a cold
+    cache), for every test but the weight formats': the same graph, compiled in a fraction of
+    the time."""
+    if "weight_format" not in request.node.name:
+        monkeypatch.setattr(compiled, "MODE", "default")
+
+
+def model_for(name: str, tmp_path: Path) -> attnkit.models.Model:
+    if name == "marian":
+        return converted(hf_marian(0), tmp_path / "marian")
+    if name == "gpt2":
+        return converted(hf_gpt2(0), tmp_path / "gpt2")
+    if name == "llama":
+        return llama(tmp_path / "llama")
+    return shared_model(name)
+
+
+def llama(path: Path) -> attnkit.models.Model:
+    """A random transformers Llama (rotary positions, grouped-query attention, RMSNorm)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(path)
+    return attnkit.from_pretrained(path)
+
+
+def inputs(model: attnkit.models.Model) -> tuple[Tensor, Tensor]:
+    """Three rows of 7 tokens, padded: on the right for a source, on the left for a prompt."""
+    ids = random_ids(3, (3, 7), model.config.vocab_size)
+    padded = right_padded_mask if model.config.is_encoder_decoder else left_padded_mask
+    return ids, padded([7, 5, 2], 7)
+
+
+@torch.no_grad()
+def step_logits(model: attnkit.models.Model, ids: Tensor, mask: Tensor | None, feed: Tensor, **options) -> Tensor:
+    """Logits (STEPS + 1, N, vocab) of the start and of every step, fed the tokens ``feed`` (N, STEPS)."""
+    incremental = IncrementalModel(model, ids, mask, max_new_tokens=STEPS + 1, **options)
+    logits = [incremental.start()]
+    logits += [incremental.step(feed[:, t]) for t in range(STEPS)]
+    return torch.stack(logits).float()
+
+
+FAMILIES = ["gpt-tiny", "transformer-tiny", "t5-tiny", "marian", "gpt2", "llama"]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_fixed_cache_eager_equals_the_growing_cache(name: str, tmp_path: Path, monkeypatch) -> None:
+    model = model_for(name, tmp_path)
+    ids, mask = inputs(model)
+    feed = random_ids(5, (3, STEPS), model.config.vocab_size)
+    expected = step_logits(model, ids, mask, feed)
+    monkeypatch.setattr(compiled, "call", lambda fn, model, *args: fn(model, *args))  # the fixed layout, eagerly
+    assert_close(step_logits(model, ids, mask, feed, compile=True), expected, **FP32)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_compiled_step_equals_eager(name: str, tmp_path: Path) -> None:
+    model = model_for(name, tmp_path)
+    ids, mask = inputs(model)
+    eager = model.generate(ids, mask, max_new_tokens=STEPS, eos_token_id=None)
+    new = eager[:, -STEPS:]
+    assert len(set(new.flatten().tolist())) > 3, f"degenerate test model: {new}"
+    counters = torch._dynamo.utils.counters
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    assert_close(step_logits(model, ids, mask, new, compile=True), step_logits(model, ids, mask, new), **FP32)
+    assert counters["stats"]["unique_graphs"] == graphs + 1, "the step is not one compiled graph"
+    assert sum(counters["graph_break"].values()) == breaks, dict(counters["graph_break"])
+    compiled_tokens = model.generate(ids, mask, max_new_tokens=STEPS, eos_token_id=None, compile=True)
+    assert torch.equal(compiled_tokens, eager)
+    # No row ends early: eager decoding drops finished rows, and the draws of the rows left then come
+    # from other positions of the generator's stream (the compiled batch keeps all its rows).
+    ends = [] if model.config.eos_token_id is None else [[model.config.eos_token_id]]
+    sampled = {"do_sample": True, "seed": 3, "top_k": 20, "max_new_tokens": STEPS, "bad_words_ids": ends}
+    assert torch.equal(model.generate(ids, mask, **sampled, compile=True), model.generate(ids, mask, **sampled))
+
+
+def test_a_graph_compiles_once_per_shape_and_again_for_new_weights() -> None:
+    model = shared_model("gpt-tiny")
+    ids = random_ids(1, (2, 5), model.config.vocab_size)
+    model.generate(ids, max_new_tokens=6, compile=True)
+    before = len(compiled.COMPILES)
+    model.generate(random_ids(2, (2, 9), model.config.vocab_size), max_new_tokens=20, compile=True)
+    assert len(compiled.COMPILES) == before, "a prompt of another length in the same capacity compiled again"
+    assert compiled.COMPILES[-1].seconds > 0 and "2 rows, 64 cached positions" in compiled.COMPILES[-1].what
+
+    changed = attnkit.build_model(model.config).eval()
+    changed.load_state_dict(model.state_dict())
+    first = changed.generate(ids, max_new_tokens=6, compile=True)
+    with torch.no_grad():
+        changed.head_weight().mul_(-1.0)  # in place: a frozen graph would still hold the old head
+    assert not torch.equal(changed.generate(ids, max_new_tokens=6), first)
+    assert torch.equal(changed.generate(ids, max_new_tokens=6, compile=True), changed.generate(ids, max_new_tokens=6))
+
+
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+@pytest.mark.skipif(not native_bf16(torch.device("cpu")), reason="this CPU has no native bf16")
+def test_compiled_step_in_each_weight_format(weights: str, tmp_path: Path) -> None:
+    hf_gpt2(0).save_pretrained(tmp_path)
+    reference = attnkit.from_pretrained(tmp_path)
+    ids, mask = inputs(reference)
+    new = reference.generate(ids, mask, max_new_tokens=STEPS, eos_token_id=None)[:, -STEPS:]
+    fp32 = step_logits(reference, ids, mask, new)
+    model = attnkit.from_pretrained(tmp_path, weights=weights)
+    # bf16 activations round at every step, and the cache carries it on: by the last step eager bf16
+    # is about 7% of the largest logit away from fp32 here. Compiled, the step rounds differently
+    # (fused reductions), no further from fp32 than eager is.
+    eager = (step_logits(model, ids, mask, new) - fp32).abs().max()
+    got = (step_logits(model, ids, mask, new, compile=True) - fp32).abs().max()
+    assert got <= 1.5 * eager, f"compiled {weights} is {got:.3f} from fp32, eager {eager:.3f}"
+    assert eager <= 0.1 * fp32.abs().max()
+
+
+def test_compile_refusals() -> None:
+    model = shared_model("gpt-tiny")
+    ids = random_ids(1, (2, 5), model.config.vocab_size)
+    with pytest.raises(ValueError, match=r"beam search \(num_beams=4\) reorders its rows every step and runs eagerly"):
+        model.generate(ids, num_beams=4, compile=True)
+    incremental = IncrementalModel(model, ids, None, max_new_tokens=4, compile=True)
+    incremental.start()
+    with pytest.raises(ValueError, match="a compiled decode keeps its rows in place"):
+        incremental.reorder(torch.tensor([1, 0]))
+    with pytest.raises(ValueError, match="a prompt of 70 positions does not fit a fixed cache of 64"):
+        fixed = model.decoder.new_cache(capacity=64, fixed=True)
+        model(random_ids(1, (1, 70), model.config.vocab_size), cache=fixed)
+
+
+def test_capacity_buckets() -> None:
+    assert [compiled.bucket(n) for n in (1, 64, 65, 80, 200)] == [64, 64, 128, 128, 256]
+    assert compiled.bucket(600, limit=640) == 640  # the context, where a power of two would pass it
+    assert compiled.bucket(20, least=16) == 32
