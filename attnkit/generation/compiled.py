@@ -11,6 +11,8 @@ shape by shape, between torch's int8 matrix-vector kernel and its own generated 
 A graph is compiled once per model, rows, cache capacity (a power of two, so a few sizes
 cover every request) and source length bucket (encoder–decoder), and reused by every later
 call with those shapes; the first call's seconds are logged and kept in :data:`COMPILES`.
+A step attends over the whole capacity (the unfilled positions masked), so a request for many
+more new tokens than it uses costs attention over positions it never fills.
 Freezing copies the weights into the graph: change a model's weights after a compiled
 decode and the next one compiles again (:func:`check_weights` compares the weights' versions).
 """
