@@ -13,11 +13,15 @@ import pytest
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist, share the cores among the workers: n workers of ``cores`` threads
     each would run n·cores OpenMP threads on ``cores`` cores, whose spin-waits slowed single
-    tests down up to 50x here (2.7 s alone, 151 s beside another worker)."""
+    tests down up to 50x here (2.7 s alone, 151 s beside another worker). Likewise inductor's
+    compile workers."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # for the subprocesses a test starts, too
+        # torch.compile's code generation runs in a pool of processes, one per core: beside the
+        # other worker's timed tests (the chapter's complexity exponents) it would take their cores.
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
         import torch
 
         torch.set_num_threads(threads)
