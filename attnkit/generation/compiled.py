@@ -14,7 +14,9 @@ call with those shapes; the first call's seconds are logged and kept in :data:`C
 A step attends over the whole capacity (the unfilled positions masked), so a request for many
 more new tokens than it uses costs attention over positions it never fills.
 Freezing copies the weights into the graph: change a model's weights after a compiled
-decode and the next one compiles again (:func:`check_weights` compares the weights' versions).
+decode and the next one compiles again (:func:`check_weights` compares the weights' versions,
+storage and a sample of their elements; :func:`forget` drops every graph). Graphs of models
+no longer used stay in dynamo's cache, holding their weights, until :func:`forget`.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class Compile:
 
 COMPILES: list[Compile] = []
 _seen: set[tuple[Any, ...]] = set()  # (model, step, shapes) compiled
-_weights: dict[int, tuple[tuple[int, int], ...]] = {}  # id(model) -> the weights its graphs hold
+_weights: dict[int, tuple[Any, ...]] = {}  # id(model) -> the fingerprint of the weights its graphs hold
 
 
 def bucket(n: int, limit: int | None = None, least: int = SMALLEST) -> int:
@@ -60,9 +62,20 @@ def bucket(n: int, limit: int | None = None, least: int = SMALLEST) -> int:
     return size if limit is None or size <= limit or n > limit else limit
 
 
-def _versions(model: nn.Module) -> tuple[tuple[int, int], ...]:
-    """Which tensors the model holds and how often each was written in place."""
-    return tuple((id(t), t._version) for t in (*model.parameters(), *model.buffers()))
+SAMPLED = 16  # elements of each weight read to notice a write that skips the version counter
+
+
+@torch.no_grad()
+def _fingerprint(model: nn.Module) -> tuple[Any, ...]:
+    """What the model's weights are, cheaply: each tensor's identity, storage, dtype, device,
+    in-place write count, and a few of its elements (a write through ``.data`` does not count
+    as a version)."""
+    prints = []
+    for t in (*model.parameters(), *model.buffers()):
+        flat = t.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // SAMPLED)][:SAMPLED].float().tolist()
+        prints.append((id(t), t.data_ptr(), t.dtype, t.device, t._version, *sample))
+    return tuple(prints)
 
 
 def _shape(arg: Any) -> Any:
@@ -74,13 +87,19 @@ def _shape(arg: Any) -> Any:
 def check_weights(model: nn.Module) -> None:
     """Before a compiled decode: forget every compiled graph if ``model``'s weights changed
     since its graphs were compiled (they hold the old ones as constants)."""
-    versions, compiled_with = _versions(model), _weights.get(id(model))
-    if compiled_with is not None and compiled_with != versions:
+    now, compiled_with = _fingerprint(model), _weights.get(id(model))
+    if compiled_with is not None and compiled_with != now:
         log.info("the model's weights changed since its decoding step was compiled: it compiles again")
-        torch._dynamo.reset()  # dynamo keeps graphs per function, across wrappers: only a reset drops them
-        _seen.clear()
-        _weights.clear()
-    _weights[id(model)] = versions
+        forget()
+    _weights[id(model)] = now
+
+
+def forget() -> None:
+    """Drop every compiled decoding step (and dynamo's other graphs: it keeps them per function,
+    across wrappers, so only a reset drops them); the next compiled decode compiles again."""
+    torch._dynamo.reset()
+    _seen.clear()
+    _weights.clear()
 
 
 def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
@@ -92,7 +111,8 @@ def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
     compiled = steps.get(fn)
     if compiled is None:
         compiled = steps[fn] = torch.compile(lambda *a: fn(model, *a), dynamic=False, mode=MODE)
-    key = (id(model), fn, tuple(_shape(a) for a in args))
+    weight = next(model.parameters())
+    key = (id(model), fn, weight.dtype, weight.device, tuple(_shape(a) for a in args))
     if key in _seen:
         return compiled(*args)
     start = time.perf_counter()
@@ -101,7 +121,15 @@ def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
     limit = torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT)
     with limit, torch._inductor.config.patch(QUIET | {"freezing": True}), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "TypedStorage is deprecated")  # inductor's own autotuning uses it
-        out = compiled(*args)
+        try:
+            out = compiled(*args)
+        except Exception as error:
+            if "C++ compiler" not in str(error):
+                raise
+            raise ValueError(
+                "compiling the decoding step needs a working C++ compiler (torch.compile's inductor on the CPU): "
+                "install g++, or decode without compile=True / --compile"
+            ) from error
     seconds = time.perf_counter() - start
     rows, capacity = args[0].shape[0], next(a.capacity for a in args if hasattr(a, "capacity"))
     what = f"{type(model).__name__}, {rows} row{'s' if rows > 1 else ''}, {capacity} cached positions"

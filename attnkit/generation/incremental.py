@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnkit.config import ModelConfig
 from attnkit.generation import compiled
 from attnkit.generation.batches import positions
 from attnkit.models.core import DecoderOnlyModel, EncoderDecoderModel, Model
@@ -70,7 +71,8 @@ class IncrementalModel:
         self.encoder_decoder = model.config.is_encoder_decoder
         prompt = 1 if self.encoder_decoder else input_ids.shape[1]
         if compile:
-            capacity = compiled.bucket(prompt + max_new_tokens, model.config.max_len)
+            # The last token chosen is never fed: the cache holds the prompt and max_new_tokens - 1 more.
+            capacity = compiled.bucket(prompt + max_new_tokens - 1, model.config.max_len)
             self.cache = model.decoder.new_cache(capacity=capacity, fixed=True)
             embeddings = model.decoder_embeddings if isinstance(model, EncoderDecoderModel) else model.embeddings
             if embeddings.positions is not None:
@@ -85,7 +87,7 @@ class IncrementalModel:
         self.key_mask: Tensor | None = None
         if isinstance(model, EncoderDecoderModel):
             if compile:
-                input_ids, attention_mask = _pad_source(input_ids, attention_mask, model.config.pad_token_id)
+                input_ids, attention_mask = _pad_source(input_ids, attention_mask, model.config)
             # One memory row per example, not per copy: cross-attention lets an example's rows
             # share its memory's keys and values (MultiHeadAttention groups them).
             self.memory, self.memory_mask = model.encode(input_ids, attention_mask)  # (B, S, d), (B, 1, 1, S)
@@ -163,9 +165,9 @@ class IncrementalModel:
                 self.key_mask = self.key_mask.index_select(0, index)
 
 
-def _pad_source(ids: Tensor, mask: Tensor | None, pad: int | None) -> tuple[Tensor, Tensor]:
-    """Sources (B, S) padded on the right to a power of two (masked), so that a compiled step
-    reads a memory of one of a few lengths."""
+def _pad_source(ids: Tensor, mask: Tensor | None, config: ModelConfig) -> tuple[Tensor, Tensor]:
+    """Sources (B, S) padded on the right to a power of two within the context (masked), so
+    that a compiled step reads a memory of one of a few lengths."""
     mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-    extra = compiled.bucket(ids.shape[1], least=16) - ids.shape[1]
-    return F.pad(ids, (0, extra), value=pad or 0), F.pad(mask, (0, extra), value=False)
+    extra = compiled.bucket(ids.shape[1], config.max_len, least=16) - ids.shape[1]
+    return F.pad(ids, (0, extra), value=config.pad_token_id or 0), F.pad(mask, (0, extra), value=False)

@@ -120,22 +120,51 @@ def test_compiled_step_equals_eager(name: str, tmp_path: Path) -> None:
     assert torch.equal(model.generate(ids, mask, **sampled, compile=True), model.generate(ids, mask, **sampled))
 
 
-def test_a_graph_compiles_once_per_shape_and_again_for_new_weights() -> None:
-    model = shared_model("gpt-tiny")
-    ids = random_ids(1, (2, 5), model.config.vocab_size)
-    model.generate(ids, max_new_tokens=6, compile=True)
-    before = len(compiled.COMPILES)
-    model.generate(random_ids(2, (2, 9), model.config.vocab_size), max_new_tokens=20, compile=True)
-    assert len(compiled.COMPILES) == before, "a prompt of another length in the same capacity compiled again"
-    assert compiled.COMPILES[-1].seconds > 0 and "2 rows, 64 cached positions" in compiled.COMPILES[-1].what
+def copy_of(model: attnkit.models.Model) -> attnkit.models.Model:
+    """A model of its own (nothing compiled for it yet) with ``model``'s weights."""
+    fresh = attnkit.build_model(model.config).eval()
+    fresh.load_state_dict(model.state_dict())
+    return fresh
 
-    changed = attnkit.build_model(model.config).eval()
-    changed.load_state_dict(model.state_dict())
-    first = changed.generate(ids, max_new_tokens=6, compile=True)
+
+def test_a_graph_compiles_once_per_shape_and_again_for_new_weights() -> None:
+    model = copy_of(shared_model("gpt-tiny"))
+    ids = random_ids(1, (2, 5), model.config.vocab_size)
+    before = len(compiled.COMPILES)
+    first = model.generate(ids, max_new_tokens=6, compile=True)
+    assert len(compiled.COMPILES) == before + 1
+    assert compiled.COMPILES[-1].seconds > 0 and "2 rows, 64 cached positions" in compiled.COMPILES[-1].what
+    model.generate(random_ids(2, (2, 9), model.config.vocab_size), max_new_tokens=20, compile=True)
+    assert len(compiled.COMPILES) == before + 1, "a prompt of another length in the same capacity compiled again"
+
     with torch.no_grad():
-        changed.head_weight().mul_(-1.0)  # in place: a frozen graph would still hold the old head
-    assert not torch.equal(changed.generate(ids, max_new_tokens=6), first)
-    assert torch.equal(changed.generate(ids, max_new_tokens=6, compile=True), changed.generate(ids, max_new_tokens=6))
+        model.head_weight().mul_(-1.0)  # in place: a frozen graph would still hold the old head
+    assert not torch.equal(model.generate(ids, max_new_tokens=6), first)
+    assert torch.equal(model.generate(ids, max_new_tokens=6, compile=True), model.generate(ids, max_new_tokens=6))
+    for p in model.parameters():
+        p.data.mul_(1.5)  # through .data: no version counted, the sampled elements change
+    assert torch.equal(model.generate(ids, max_new_tokens=6, compile=True), model.generate(ids, max_new_tokens=6))
+
+
+@pytest.mark.parametrize("name", ["transformer-tiny", "t5-tiny"])
+def test_compiled_translation_with_early_ends_and_budgets_equals_eager(name: str) -> None:
+    model = shared_model(name)
+    ids = random_ids(4, (3, 21), model.config.vocab_size)  # sources padded past 16, to the 32 bucket
+    mask = right_padded_mask([21, 9, 3], 21)
+    free = model.generate(ids, mask, max_new_tokens=STEPS, eos_token_id=None)[:, 1:]
+    eos = int(free[1, 2])  # one row ends at its third token, the others when they meet it or their budget
+    for options in ({"eos_token_id": eos}, {"eos_token_id": eos, "source_length_offset": 2}):
+        eager = model.generate(ids, mask, max_new_tokens=STEPS, **options)
+        assert torch.equal(model.generate(ids, mask, max_new_tokens=STEPS, compile=True, **options), eager)
+
+
+def test_a_decode_filling_the_learned_context_compiles_within_it() -> None:
+    config = attnkit.preset("transformer-tiny", positional="learned", max_len=40, dropout=0.0)
+    torch.manual_seed(0)
+    model = attnkit.build_model(config).eval()
+    ids = random_ids(1, (2, 33), config.vocab_size)  # a source bucket of 64 would pass the 40 positions
+    eager = model.generate(ids, max_new_tokens=40, eos_token_id=None)
+    assert torch.equal(model.generate(ids, max_new_tokens=40, eos_token_id=None, compile=True), eager)
 
 
 @pytest.mark.parametrize("weights", ["bf16", "int8"])
