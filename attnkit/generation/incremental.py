@@ -34,7 +34,8 @@ def encoder_decoder_step(
 ) -> Tensor:
     """One new target token per row (N, 1) through the decoder, attending to ``memory``
     (N / g, S, d) (an example's g rows share theirs); returns the next-token logits (N, vocab)."""
-    if cache.clock is not None and cache.clock.stepping:  # fixed shapes: the position is a tensor, not an int
+    if cache.fixed_step:  # the position is a tensor, not an int
+        assert cache.clock is not None and cache.clock.slot is not None
         x = model.decoder_embeddings(tokens, position_ids=cache.clock.slot.expand(tokens.shape[0], 1))
     else:
         x = model.decoder_embeddings(tokens, len(cache))

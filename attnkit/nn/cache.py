@@ -366,6 +366,12 @@ class DecoderCache:
         """Number of target positions already processed."""
         return len(self.self_attn[0]) if self.self_attn else 0
 
+    @property
+    def fixed_step(self) -> bool:
+        """True while a fixed-shape cache runs its steps (the prompt is in): positions come from
+        ``clock.slot``, a tensor, and keys span the capacity."""
+        return self.clock is not None and self.clock.stepping
+
     def reorder(self, index: Tensor, examples: Tensor | None = None) -> None:
         """Keep target rows ``index`` (N',); ``examples`` (B'): the examples (memory rows) that
         remain, when some were dropped. Without it the memory's keys and values are left alone:

@@ -87,8 +87,8 @@ class Decoder(nn.Module):
         """
         n = x.shape[1]
         bias = None
-        if self.position_bias is not None and cache is not None and cache.clock is not None and cache.clock.stepping:
-            # A fixed-shape step: the query's position is a tensor, the keys span the capacity.
+        if self.position_bias is not None and cache is not None and cache.fixed_step:
+            assert cache.clock is not None and cache.clock.slot is not None
             bias = self.position_bias.at(cache.clock.slot, cache.capacity)  # (1, H, 1, capacity)
         elif self.position_bias is not None:
             past = len(cache) if cache is not None else 0
