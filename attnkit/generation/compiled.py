@@ -107,10 +107,12 @@ def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
     (timed and logged). The step writes the cache among ``args`` in place."""
     import torch._inductor.config
 
-    steps = model.__dict__.setdefault("_compiled_steps", {})  # lives as long as the model
-    compiled = steps.get(fn)
+    # Kept on the model, to live as long as it does; keyed by its id too, because a copy of the
+    # model (copy.deepcopy) copies this dict, and its lambdas decode the original.
+    steps = model.__dict__.setdefault("_compiled_steps", {})
+    compiled = steps.get((id(model), fn))
     if compiled is None:
-        compiled = steps[fn] = torch.compile(lambda *a: fn(model, *a), dynamic=False, mode=MODE)
+        compiled = steps[(id(model), fn)] = torch.compile(lambda *a: fn(model, *a), dynamic=False, mode=MODE)
     weight = next(model.parameters())
     key = (id(model), fn, weight.dtype, weight.device, tuple(_shape(a) for a in args))
     if key in _seen:

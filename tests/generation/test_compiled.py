@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,12 @@ def test_a_graph_compiles_once_per_shape_and_again_for_new_weights() -> None:
     for p in model.parameters():
         p.data.mul_(1.5)  # through .data: no version counted, the sampled elements change
     assert torch.equal(model.generate(ids, max_new_tokens=6, compile=True), model.generate(ids, max_new_tokens=6))
+
+    copied = copy.deepcopy(model)  # its own weights, though it copies the model's compiled steps along
+    with torch.no_grad():
+        for p in copied.parameters():
+            p.mul_(-1.3)
+    assert torch.equal(copied.generate(ids, max_new_tokens=6, compile=True), copied.generate(ids, max_new_tokens=6))
 
 
 @pytest.mark.parametrize("name", ["transformer-tiny", "t5-tiny"])
