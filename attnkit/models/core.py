@@ -21,16 +21,18 @@ from attnkit.config import ModelConfig
 from attnkit.models.io import save_pretrained
 from attnkit.nn import Decoder, DecoderCache, Encoder, padding_mask
 from attnkit.nn.layers import AttentionRecord
+from attnkit.nn.vocab_loss import VocabLoss, target_rows, vocab_cross_entropy
 
 
 @dataclass
 class ModelOutput:
     """What every model returns. ``last_hidden_state`` is the decoder's for encoder–decoder
     models; ``attentions`` maps "encoder"/"decoder" to ``{"self"|"cross": [per-layer weights]}``
-    when asked for."""
+    when asked for; ``vocab_loss`` replaces ``logits`` when ``target_ids`` were given."""
 
     last_hidden_state: Tensor
     logits: Tensor | None = None
+    vocab_loss: VocabLoss | None = None
     encoder_last_hidden_state: Tensor | None = None
     pooler_output: Tensor | None = None
     attentions: dict[str, AttentionRecord] = field(default_factory=dict)
@@ -104,6 +106,24 @@ class LMHead(nn.Module):
         weight = embedding if self.weight is None else self.weight
         return F.linear(h * self.scale, weight, self.bias)  # (B, T, d_model) -> (B, T, vocab)
 
+    def loss(self, h: Tensor, embedding: Tensor, target_ids: Tensor, label_smoothing: float = 0.0) -> VocabLoss:
+        """The cross entropy of the logits :meth:`forward` would give against ``target_ids``
+        (B, T) — ``IGNORE_INDEX`` where a position has none —, computed on the positions that
+        have a target only, without the (B, T, vocab) logits (:mod:`attnkit.nn.vocab_loss`)."""
+        if target_ids.shape != h.shape[:-1]:
+            raise ValueError(f"target_ids has shape {tuple(target_ids.shape)}, expected {tuple(h.shape[:-1])}")
+        rows, targets = target_rows(h, target_ids)  # (N, d_model), (N,)
+        if self.transform is not None:
+            rows = self.transform(rows)
+        weight = embedding if self.weight is None else self.weight
+        if (
+            not torch.compiler.is_compiling()
+            and targets.numel()
+            and not 0 <= int(targets.min()) <= int(targets.max()) < weight.shape[0]
+        ):
+            raise ValueError(f"target_ids must be in [0, {weight.shape[0]}) or IGNORE_INDEX (-100)")
+        return vocab_cross_entropy(rows * self.scale, weight, self.bias, targets, label_smoothing)
+
 
 def check_ids(name: str, ids: Tensor, vocab_size: int) -> None:
     """Token ids must be a (batch, seq_len) integer tensor inside the vocabulary."""
@@ -153,6 +173,17 @@ class Model(nn.Module):
             return head.weight
         embeddings = getattr(self, "decoder_embeddings", None) or self.embeddings  # type: ignore[attr-defined]
         return embeddings.token.weight
+
+    def head_output(
+        self, h: Tensor, embedding: Tensor, target_ids: Tensor | None, label_smoothing: float
+    ) -> tuple[Tensor | None, VocabLoss | None]:
+        """The head's logits of ``h`` (B, T, d_model), or, with ``target_ids``, their loss alone."""
+        head: LMHead | None = self.head  # type: ignore[assignment]
+        if target_ids is None:
+            return (None if head is None else head(h, embedding)), None
+        if head is None:
+            raise ValueError("target_ids need a vocabulary head; this model has none (build it with lm_head=True)")
+        return None, head.loss(h, embedding, target_ids, label_smoothing)
 
     def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, **options: Any) -> Tensor:
         """Greedy, beam or sampled decoding with the KV cache: see :func:`attnkit.generation.generate`.
@@ -206,12 +237,24 @@ class EncoderDecoderModel(Model):
     ) -> tuple[Tensor, Tensor]:
         """Target ids (B, T) (only the new ones when ``cache`` holds the rest) -> hidden
         states and logits (B, T, vocab). ``decoder_attention_mask`` covers all positions."""
+        h = self.decoder_states(decoder_input_ids, memory, memory_mask, decoder_attention_mask, cache, record)
+        return h, self.head(h, self.decoder_embeddings.token.weight)
+
+    def decoder_states(
+        self,
+        decoder_input_ids: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        record: AttentionRecord | None = None,
+    ) -> Tensor:
+        """:meth:`decode` without the head: the decoder's hidden states (B, T, d_model)."""
         check_ids("decoder_input_ids", decoder_input_ids, self.config.vocab_size)
         offset = len(cache) if cache is not None else 0
         mask = _key_mask(decoder_attention_mask, decoder_input_ids, "decoder_attention_mask", offset)
         x = self.decoder_embeddings(decoder_input_ids, offset)
-        h = self.decoder(x, memory, mask=mask, memory_mask=memory_mask, cache=cache, record=record)
-        return h, self.head(h, self.decoder_embeddings.token.weight)
+        return self.decoder(x, memory, mask=mask, memory_mask=memory_mask, cache=cache, record=record)
 
     def forward(
         self,
@@ -220,7 +263,12 @@ class EncoderDecoderModel(Model):
         decoder_input_ids: Tensor | None = None,
         decoder_attention_mask: Tensor | None = None,
         output_attentions: bool = False,
+        target_ids: Tensor | None = None,
+        label_smoothing: float = 0.0,
     ) -> ModelOutput:
+        """``target_ids`` (B, T): what each decoder position must predict (``IGNORE_INDEX`` where
+        nothing), as given — not shifted, unlike ``transformers``' ``labels`` —; the output then
+        holds their ``vocab_loss`` (with ε = ``label_smoothing``) instead of the logits."""
         if decoder_input_ids is None:
             raise ValueError(
                 "decoder_input_ids is required: the target shifted right, starting with "
@@ -229,9 +277,10 @@ class EncoderDecoderModel(Model):
         enc_record: AttentionRecord | None = {} if output_attentions else None
         dec_record: AttentionRecord | None = {} if output_attentions else None
         memory, memory_mask = self.encode(input_ids, attention_mask, enc_record)
-        h, logits = self.decode(decoder_input_ids, memory, memory_mask, decoder_attention_mask, record=dec_record)
+        h = self.decoder_states(decoder_input_ids, memory, memory_mask, decoder_attention_mask, record=dec_record)
+        logits, loss = self.head_output(h, self.decoder_embeddings.token.weight, target_ids, label_smoothing)
         attentions = {"encoder": enc_record, "decoder": dec_record} if output_attentions else {}
-        return ModelOutput(h, logits, encoder_last_hidden_state=memory, attentions=attentions)
+        return ModelOutput(h, logits, loss, encoder_last_hidden_state=memory, attentions=attentions)
 
 
 class DecoderOnlyModel(Model):
@@ -249,10 +298,14 @@ class DecoderOnlyModel(Model):
         output_attentions: bool = False,
         cache: DecoderCache | None = None,
         position_ids: Tensor | None = None,
+        target_ids: Tensor | None = None,
+        label_smoothing: float = 0.0,
     ) -> ModelOutput:
         """``input_ids`` (B, T), only the new ones when ``cache`` holds the rest;
         ``attention_mask`` covers all positions, cached and new; ``position_ids`` (B, T)
-        overrides the positions ``len(cache) ..`` (for left-padded prompts)."""
+        overrides the positions ``len(cache) ..`` (for left-padded prompts). ``target_ids``
+        (B, T): the next token of each position (``IGNORE_INDEX`` where none), already shifted,
+        unlike ``transformers``' ``labels``; the output then holds their ``vocab_loss``."""
         check_ids("input_ids", input_ids, self.config.vocab_size)
         if position_ids is not None and position_ids.shape != input_ids.shape:
             raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}, expected {tuple(input_ids.shape)}")
@@ -261,8 +314,8 @@ class DecoderOnlyModel(Model):
         mask = _key_mask(attention_mask, input_ids, "attention_mask", offset)
         x = self.embeddings(input_ids, offset, position_ids=position_ids)
         h = self.decoder(x, mask=mask, cache=cache, record=record, positions=position_ids)
-        logits = self.head(h, self.embeddings.token.weight)
-        return ModelOutput(h, logits, attentions={"decoder": record} if record is not None else {})
+        logits, loss = self.head_output(h, self.embeddings.token.weight, target_ids, label_smoothing)
+        return ModelOutput(h, logits, loss, attentions={"decoder": record} if record is not None else {})
 
 
 class EncoderOnlyModel(Model):
@@ -288,7 +341,10 @@ class EncoderOnlyModel(Model):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         output_attentions: bool = False,
+        target_ids: Tensor | None = None,
     ) -> ModelOutput:
+        """``target_ids`` (B, T): the original token at each masked position (``IGNORE_INDEX``
+        elsewhere); the output then holds their ``vocab_loss`` instead of the MLM logits."""
         check_ids("input_ids", input_ids, self.config.vocab_size)
         if token_type_ids is not None:
             types = max(self.config.type_vocab_size, 1)
@@ -296,12 +352,12 @@ class EncoderOnlyModel(Model):
         record: AttentionRecord | None = {} if output_attentions else None
         mask = _key_mask(attention_mask, input_ids, "attention_mask")
         h = self.encoder(self.embeddings(input_ids, token_type_ids=token_type_ids), mask, record)
-        logits = self.head(h, self.embeddings.token.weight) if self.head is not None else None
+        logits, loss = self.head_output(h, self.embeddings.token.weight, target_ids, 0.0)
         pooled = self.pooler(h[:, 0]) if self.pooler is not None else None
         if self.classifier is not None:  # (B, labels): the sequence's class logits
             logits = self.classifier(self._sequence(h, pooled, attention_mask, input_ids))
         attentions = {"encoder": record} if record is not None else {}
-        return ModelOutput(h, logits, pooler_output=pooled, attentions=attentions)
+        return ModelOutput(h, logits, loss, pooler_output=pooled, attentions=attentions)
 
     def _sequence(self, h: Tensor, pooled: Tensor | None, attention_mask: Tensor | None, ids: Tensor) -> Tensor:
         """What the classifier reads (B, d_model): the pooled first token, or the real tokens' mean."""

@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.data.specials import Specials
-from attnkit.models.core import EncoderDecoderModel, Model
+from attnkit.models.core import EncoderDecoderModel, Model, ModelOutput
+from attnkit.nn.vocab_loss import IGNORE_INDEX
 
-IGNORE_INDEX = -100  # label of positions that carry no loss (padding, unmasked MLM tokens)
+__all__ = ["IGNORE_INDEX", "LossOutput", "Objective", "from_vocab_loss", "label_smoothed_nll", "token_loss"]
 
 Example = Sequence[int]  # token ids, no specials
 Pair = tuple[Sequence[int], Sequence[int]]  # (source ids, target ids), no specials
@@ -109,13 +110,24 @@ def encoder_decoder_loss(
             f"the model's decoder_start_token_id is {start}, but the {objective} objective starts "
             f"decoder inputs with bos={specials.bos}; build the model with decoder_start_token_id={specials.bos}"
         )
-    logits = model(
+    out = model(
         input_ids=batch["input_ids"],
         attention_mask=batch["attention_mask"],
         decoder_input_ids=batch["decoder_input_ids"],
         decoder_attention_mask=batch["decoder_attention_mask"],
-    ).logits  # (B, T, vocab)
-    return token_loss(logits, batch["labels"], epsilon)
+        target_ids=batch["labels"],
+        label_smoothing=epsilon,
+    )
+    return from_vocab_loss(out)
+
+
+def from_vocab_loss(out: ModelOutput) -> LossOutput:
+    """The :class:`LossOutput` of a forward pass given ``target_ids``: the head's fused loss
+    over the target positions (:mod:`attnkit.nn.vocab_loss`; :func:`token_loss` is the same on
+    materialised logits, and the tests hold the two equal)."""
+    loss = out.vocab_loss
+    assert loss is not None, "the model was called without target_ids"
+    return LossOutput(loss.total, loss.tokens, {"correct": float(loss.correct), "nll": float(loss.nll)})
 
 
 def label_smoothed_nll(
@@ -130,9 +142,8 @@ def label_smoothed_nll(
     fairseq's ``label_smoothed_cross_entropy`` spreads ε over the V - 1 wrong classes instead
     (ε / (V - 1) each); the two differ by O(ε / V). ε = 0 is plain cross entropy.
 
-    One fused kernel over every position, in float32: no copy of the labelled rows, and one
-    log-softmax for the loss and its gradient (the vocabulary-sized work is a quarter of a
-    small translator's training step).
+    The readable path, on materialised logits: the objectives train through the head's fused
+    loss (:func:`attnkit.nn.vocab_loss.vocab_cross_entropy`), held equal to this by the tests.
 
     Shapes: logits (..., V), labels (...). Returns (sum of the losses, number of tokens).
     """

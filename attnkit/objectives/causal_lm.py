@@ -9,7 +9,15 @@ from torch import Tensor
 
 from attnkit.data.specials import Specials
 from attnkit.models.core import DecoderOnlyModel, Model
-from attnkit.objectives.base import IGNORE_INDEX, Example, LossOutput, check_example, check_model, pad_batch, token_loss
+from attnkit.objectives.base import (
+    IGNORE_INDEX,
+    Example,
+    LossOutput,
+    check_example,
+    check_model,
+    from_vocab_loss,
+    pad_batch,
+)
 
 
 class CausalLM:
@@ -38,5 +46,5 @@ class CausalLM:
 
     def loss(self, model: Model, batch: dict[str, Tensor]) -> LossOutput:
         check_model(model, DecoderOnlyModel, self.name)
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (B, T, V)
-        return token_loss(logits, batch["labels"])
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], target_ids=batch["labels"])
+        return from_vocab_loss(out)

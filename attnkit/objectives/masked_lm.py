@@ -9,7 +9,15 @@ from torch import Tensor
 
 from attnkit.data.specials import Specials
 from attnkit.models.core import EncoderOnlyModel, Model
-from attnkit.objectives.base import IGNORE_INDEX, Example, LossOutput, check_example, check_model, pad_batch, token_loss
+from attnkit.objectives.base import (
+    IGNORE_INDEX,
+    Example,
+    LossOutput,
+    check_example,
+    check_model,
+    from_vocab_loss,
+    pad_batch,
+)
 
 # Of the chosen positions (Devlin et al. 2019, §3.1): 80% become the mask token, 10% a random
 # token, 10% stay unchanged, so the encoder cannot rely on seeing the mask to know where to predict.
@@ -80,11 +88,12 @@ class MaskedLM:
 
     def loss(self, model: Model, batch: dict[str, Tensor]) -> LossOutput:
         check_model(model, EncoderOnlyModel, self.name)
-        logits = model(
+        if getattr(model, "module", model).head is None:  # .module: under DDP
+            raise ValueError("masked language modelling needs the MLM head; build the model with lm_head=True")
+        out = model(
             input_ids=batch["input_ids"],
             attention_mask=batch["attention_mask"],
             token_type_ids=batch["token_type_ids"],
-        ).logits  # (B, T, V)
-        if logits is None:
-            raise ValueError("masked language modelling needs the MLM head; build the model with lm_head=True")
-        return token_loss(logits, batch["labels"])
+            target_ids=batch["labels"],
+        )
+        return from_vocab_loss(out)
