@@ -41,6 +41,11 @@ def cost(example: Any) -> int:
     return len(example) + 2
 
 
+def batch_positions(batch: list[int], examples: list[Any]) -> int:
+    """The padded positions a batch of ``examples`` (indices) takes: what the token budget bounds."""
+    return len(batch) * max(cost(examples[i]) for i in batch)
+
+
 def read_texts(run: RunConfig) -> corpora.Split[Any]:
     """The run's examples as text: lines, or (source, target) pairs for translation, split."""
     data, translation = run.data, run.objective == "translation"
@@ -160,6 +165,8 @@ def train_batches(run: RunConfig, data: Data) -> TokenBatches:
             f"data.curriculum_max_tokens={short_max} leaves no training example for the curriculum (the shortest "
             f"takes {min(lengths)} positions); raise it, or set it to null for no curriculum"
         )
+    pairs = bool(data.train) and isinstance(data.train[0], tuple) and not isinstance(data.train[0][1], int)
     return TokenBatches(
-        lengths, run.train.batch_tokens, run.train.seed, short_max=short_max, short_epochs=run.data.curriculum_epochs
-    )
+        lengths, run.train.batch_tokens, run.train.seed, short_max=short_max, short_epochs=run.data.curriculum_epochs,
+        within=[len(source) for source, _ in data.train] if pairs else None,
+    )  # fmt: skip

@@ -266,3 +266,27 @@ def test_property_resume_anywhere_continues_identically(
     resumed = iter(TokenBatches(lengths, batch_tokens, seed))
     resumed.load_state_dict(uninterrupted.state_dict())
     assert list(itertools.islice(resumed, 40)) == list(itertools.islice(uninterrupted, 40))
+
+
+def test_ordering_buckets_by_the_other_side_cuts_its_padding_and_keeps_everything_else() -> None:
+    """Pairs: the cost bounds the longer side; ``within`` (the source length) orders each
+    bucket, so the source side of a batch pads less — same examples, budget and seeds."""
+    pair_rng = np.random.default_rng(3)
+    source = pair_rng.integers(2, 60, size=3000)
+    target = source + pair_rng.integers(0, 12, size=3000)  # a target about as long, or longer
+    cost = (np.maximum(source, target) + 1).tolist()
+    plain = TokenBatches(cost, BUDGET, seed=1)
+    ordered = TokenBatches(cost, BUDGET, seed=1, within=source.tolist())
+
+    def source_padding(batches: list[list[int]]) -> float:
+        return 1 - sum(int(source[b].sum()) for b in batches) / sum(len(b) * int(source[b].max()) for b in batches)
+
+    for epoch in range(2):
+        batches = ordered.epoch_batches(epoch)
+        assert_every_example_once(batches, len(cost))
+        assert all(padded_size(b, cost) <= BUDGET for b in batches)
+        assert source_padding(batches) < 0.5 * source_padding(plain.epoch_batches(epoch))
+    assert ordered.epoch_batches(0) == TokenBatches(cost, BUDGET, seed=1, within=source.tolist()).epoch_batches(0)
+    assert ordered.epoch_batches(0) != ordered.epoch_batches(1)  # ties are still drawn anew each epoch
+    with pytest.raises(ValueError, match="within has 2 numbers for 3000 examples"):
+        TokenBatches(cost, BUDGET, seed=1, within=[1, 2])
