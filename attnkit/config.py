@@ -419,6 +419,12 @@ class TrainConfig:
     label_smoothing: float = 0.1  # translation only (the paper's ε_ls)
     # bf16/fp16: autocast (fp16 on GPU, with a scaler); auto: bf16 where the hardware computes it natively
     precision: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
+    # The CPU class to act as (attnkit.machine): auto = this CPU's, or $ATTNKIT_CPU_CLASS when set; a
+    # lower class (e.g. avx2 on an AVX512-BF16 CPU) takes its paths: fp32 for precision=auto, its fit.
+    cpu_class: Literal["auto", "avx512-bf16", "avx512", "avx2", "x86-64", "arm64"] = "auto"
+    # Presets with a wall-clock budget and a machine-fit table (attnkit.training.fit) measure each
+    # candidate model's step here and train the one their study found best for the updates it affords.
+    fit: bool = True
     seed: int = 0
     checkpoint_every: int = 500  # steps
     keep_checkpoints: int = 5  # the last k complete checkpoints are kept
@@ -544,7 +550,8 @@ class RunConfig:
 def run_from_dict(data: Any) -> RunConfig:
     if not isinstance(data, dict):
         raise ValueError(f"a run config must be a mapping, got {type(data).__name__}")
-    unknown = sorted(set(data) - {"model", "train", "data"})
+    # "machine": a run directory's record of the machine it was fitted to (attnkit.training.fit), not config.
+    unknown = sorted(set(data) - {"model", "train", "data", "machine"})
     if unknown:
         close = difflib.get_close_matches(unknown[0], ["model", "train", "data"], n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -580,8 +587,11 @@ _TEN_MINUTES = dict(
 )
 _BIBLE_TEXT = dict(corpus="bible", bibles=("k", "4"), vocab_size=8000, max_tokens=128)  # King James + World English
 _CLASSIFIER = dict(lm_head=False, pooler=False, classifier_pooling="mean", dropout=0.1)
+# The fine-tuning presets fit their schedule to the machine: budget-cosine decays to the end of
+# the time budget at the step rate this machine measures over the warm-up (or at max_steps,
+# whichever comes first), where a cosine over max_steps stopped half-way on a 2-core CPU.
 _FINE_TUNE = dict(
-    objective="classify", init="all-MiniLM-L6-v2", lr=5e-5, warmup=30, schedule="cosine", batch_tokens=4096,
+    objective="classify", init="all-MiniLM-L6-v2", lr=5e-5, warmup=30, schedule="budget-cosine", batch_tokens=4096,
     max_steps=300, time_budget=300.0, checkpoint_every=100, eval_every=0, label_smoothing=0.0,
 )  # fmt: skip
 RUN_PRESETS: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = {
@@ -635,7 +645,7 @@ RUN_PRESETS: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]
             init="SmolLM2-135M",
             lr=5e-4,
             warmup=20,
-            schedule="cosine",
+            schedule="budget-cosine",
             batch_tokens=2048,
             max_steps=200,
             time_budget=300.0,

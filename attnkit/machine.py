@@ -1,12 +1,126 @@
-"""A description of the machine a measurement ran on, for reports and benchmark results."""
+"""The machine attnkit runs on: the CPU class that decides what is fast (bf16 or fp32), and a
+description of it for reports and benchmark results.
+
+A CPU class names what a CPU computes natively, from the flags in ``/proc/cpuinfo``:
+
+* ``avx512-bf16``: AVX-512 with bf16 dot products (AVX512-BF16 or AMX): bf16 matrix products
+  run at about twice fp32's rate, so training autocasts to bf16 and the bf16/int8 weight
+  formats are fast;
+* ``avx512``: AVX-512 without bf16; ``avx2``: AVX2 and FMA without AVX-512 (most laptops'
+  CPUs, AMD Zen 2/3, many cloud VMs); ``x86-64``: neither — on all three bf16 is emulated,
+  slower than fp32, so fp32 it is;
+* ``arm64``: 64-bit ARM (treated as without native bf16).
+
+``ATTNKIT_CPU_CLASS`` (or ``train.cpu_class``) makes attnkit act as on a smaller class than
+the CPU's — ``avx2`` on an AVX512-BF16 machine takes every fp32 path — so those paths are
+tested on any machine. It changes attnkit's choices, not PyTorch's kernels: to approximate an
+AVX2 CPU's kernels too, also set ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+MKL_ENABLE_INSTRUCTIONS=AVX2`` before starting Python.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
+from dataclasses import dataclass
 from datetime import date
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+CPU_CLASS_ENV = "ATTNKIT_CPU_CLASS"
+# x86 classes from the least to the most a CPU computes natively; a class can only be lowered.
+X86_CLASSES = ("x86-64", "avx2", "avx512", "avx512-bf16")
+CPU_CLASSES = (*X86_CLASSES, "arm64")
+_NAMES = {
+    "avx512-bf16": "AVX512-BF16",
+    "avx512": "AVX-512 without native bf16",
+    "avx2": "AVX2 without native bf16",
+    "x86-64": "x86-64 without AVX2",
+    "arm64": "ARM64 (bf16 not used)",
+}
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (``flags`` on x86, ``Features`` on ARM); empty where unreadable."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def detected_cpu_class() -> str:
+    """The class of this machine's CPU, from its flags (see the module docstring)."""
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        return "arm64"
+    flags = cpu_flags()
+    if "avx512_bf16" in flags or "amx_bf16" in flags:
+        return "avx512-bf16"
+    if "avx512f" in flags:
+        return "avx512"
+    if "avx2" in flags and "fma" in flags:
+        return "avx2"
+    return "x86-64"
+
+
+@dataclass(frozen=True)
+class CpuClass:
+    """The CPU class attnkit acts on (``name``), the CPU's own (``detected``), and what set
+    the first when they differ (``forced_by``: "ATTNKIT_CPU_CLASS" or "train.cpu_class")."""
+
+    name: str
+    detected: str
+    forced_by: str | None = None
+
+    @property
+    def native_bf16(self) -> bool:
+        return self.name == "avx512-bf16"
+
+    def describe(self) -> str:
+        """E.g. "AVX2 without native bf16 (forced by ATTNKIT_CPU_CLASS; the CPU is AVX512-BF16)"."""
+        text = _NAMES[self.name]
+        if self.forced_by is not None:
+            text += f" (forced by {self.forced_by}; the CPU is {_NAMES[self.detected]})"
+        return text
+
+
+def lower_classes(detected: str) -> tuple[str, ...]:
+    """The classes a CPU of class ``detected`` can act as: itself and the x86 classes below it."""
+    if detected not in X86_CLASSES:
+        return (detected,)
+    return tuple(reversed(X86_CLASSES[: X86_CLASSES.index(detected) + 1]))
+
+
+def cpu_class(requested: str = "auto") -> CpuClass:
+    """The class attnkit acts on: ``requested`` (``train.cpu_class``) unless it is "auto", else
+    ``$ATTNKIT_CPU_CLASS`` when set, else this CPU's. A class above the CPU's, or on another
+    architecture, is refused: it would promise kernels the CPU does not have."""
+    detected = detected_cpu_class()
+    forced_by = None
+    if requested != "auto":
+        forced_by, name = "train.cpu_class", requested
+    elif os.environ.get(CPU_CLASS_ENV, "auto").strip() not in ("", "auto"):
+        forced_by, name = CPU_CLASS_ENV, os.environ[CPU_CLASS_ENV].strip()
+    else:
+        return CpuClass(detected, detected)
+    setting = f"{forced_by}={name!r}" if forced_by != CPU_CLASS_ENV else f"{CPU_CLASS_ENV}={name}"
+    if name not in CPU_CLASSES:
+        raise ValueError(f"{setting} is not a CPU class; use auto or one of {', '.join(reversed(CPU_CLASSES))}")
+    allowed = lower_classes(detected)
+    if name not in allowed:
+        raise ValueError(
+            f"{setting} is not what this CPU can act as: it is {detected}, and a class can only be lowered "
+            f"(to test a smaller CPU's paths); use auto or one of {', '.join(allowed)}"
+        )
+    return CpuClass(name, detected, forced_by if name != detected else None)
 
 
 def _cpu_model() -> str:
@@ -20,17 +134,22 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` computes bf16 natively (CUDA with bf16, or an x86 CPU with AVX512-BF16
-    or AMX), so that bf16 autocast speeds training up rather than emulating it."""
+def native_bf16(device: torch.device, requested: str = "auto") -> bool:
+    """Whether ``device`` computes bf16 natively (CUDA with bf16, or a CPU of class
+    avx512-bf16 as :func:`cpu_class` sees it), so that bf16 speeds work up rather than
+    emulating it."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    try:
-        flags = open("/proc/cpuinfo", encoding="utf-8").read()  # noqa: SIM115
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        import torch
 
+        return torch.cuda.is_bf16_supported()
+    return cpu_class(requested).native_bf16
+
+
+# The flags that decide which kernels are fast, recorded with every measurement.
+_FLAGS_THAT_MATTER = frozenset(
+    {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
+     "amx_bf16", "amx_int8", "amx_tile", "asimd", "asimddp", "bf16", "i8mm", "sve"}
+)  # fmt: skip
 
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -44,8 +163,9 @@ def keep_freed_memory(threshold: int = 256 * 2**20) -> bool:
     large tensors (logits, a cache copy) again and again. Past glibc's 128 KB-32 MB threshold
     each one is a fresh mapping whose pages fault in on first touch: measured here, a 16 MB
     float32 tensor cost up to 11 ms that way, and a batch-32 beam-4 decode of a 6+6-layer
-    d512 translator ran 18% faster with this set. It is process-wide, so the library never
-    sets it by itself: the inference commands of the CLI (its own process) do.
+    d512 translator ran 18% faster with this set, and the demo's fp32 training step stopped
+    taking up to 28,000 page faults. It is process-wide, so the library never sets it by
+    itself: the training and inference commands of the CLI (its own process) do.
     """
     import ctypes
     import ctypes.util
@@ -60,11 +180,19 @@ def keep_freed_memory(threshold: int = 256 * 2**20) -> bool:
 
 
 def machine() -> dict[str, object]:
-    """Date, CPU model and core count, torch's thread count and version, and the GPU if any."""
+    """Date, CPU model, class and flags that matter, core count, torch's thread count, version
+    and kernel capability, and the GPU if any."""
+    import torch
+
+    cpu = cpu_class()
     about: dict[str, object] = {
         "date": date.today().isoformat(),
         "platform": platform.platform(),
         "processor": _cpu_model(),
+        "cpu_class": cpu.name,
+        "cpu_class_detected": cpu.detected,
+        "cpu_flags": sorted(cpu_flags() & _FLAGS_THAT_MATTER),
+        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,

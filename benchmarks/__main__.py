@@ -171,19 +171,24 @@ def _demo(out: Path | None, budget: float | None) -> str:
     ])  # fmt: skip
 
 
-def _trainspeed(out: Path | None, baseline: str, small: bool, repeats: int) -> str:
-    result = trainspeed.run(baseline, repeats=min(repeats, 3), small=small)
+def _trainspeed(out: Path | None, baseline: str, small: bool, repeats: int, precisions: str) -> str:
+    result = trainspeed.run(baseline, repeats=min(repeats, 3), small=small, precisions=tuple(precisions.split(",")))
     _write(out, {"trainspeed": result})
-    rates, mfu = result["median"], result["mfu"]
-    return "\n".join([
-        f"### Training throughput at the demo's shape: this tree vs {baseline} (median of "
-        f"{len(result['target_tokens_per_s']['this'])} runs each, in turn)", "",
-        "| tree | target tokens/s | MFU (bf16 peak) | padding |", "|---|---|---|---|",
-        *(f"| {side} | {rates[side]:,.0f} | {mfu[side]:.0%} | "
-          + ("not logged" if result["padding"][side] is None else f"{result['padding'][side]:.1%}") + " |"
-          for side in rates),
-        "", f"ratio: **{result['ratio']:.2f}×**",
-    ])  # fmt: skip
+    about = result["machine"]
+    lines = [
+        f"### Training throughput of the demo's model: this tree vs {baseline} (median of runs in turn; "
+        f"CPU class {about['cpu_class']}, ATen {about['aten_cpu_capability']} kernels)", "",
+        "| precision | tree | target tokens/s (median) | each run | MFU of the precision's matmul peak |",
+        "|---|---|---|---|---|",
+    ]  # fmt: skip
+    for precision, numbers in result["precisions"].items():
+        for side, median in numbers["median"].items():
+            each = ", ".join(f"{r:,.0f}" for r in numbers["target_tokens_per_s"][side])
+            lines.append(f"| {precision} | {side} | {median:,.0f} | {each} | {numbers['mfu'][side]:.0%} |")
+    lines.append("")
+    lines += [f"{precision} ratio: **{numbers['ratio']:.2f}×**" for precision, numbers in result["precisions"].items()]
+    lines += [f"{precision}: not measured ({why})" for precision, why in result["skipped"].items()]
+    return "\n".join(lines)
 
 
 def _translation(out: Path | None, small: bool, budget: float | None) -> str:
@@ -214,7 +219,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="forward, training: torch.compile attnkit's model")
     parser.add_argument("--device", default="cuda", help="gpu: the device to run on (cpu with --small to try it)")
     parser.add_argument("--budget", type=float, help="translation, demo: seconds of training (each side)")
-    parser.add_argument("--baseline", default="361eb30", help="trainspeed: the commit to compare with")
+    parser.add_argument("--baseline", default="d548709", help="trainspeed: the commit to compare with")
+    parser.add_argument("--precision", default="fp32,bf16", help="trainspeed: precisions to train in (comma-separated)")
     parser.add_argument("--run", type=Path, help="decoding: a trained translator's run directory, scored per format")
     parser.add_argument("--model", type=Path, default=Path("runs/smollm2"), help="serve: the model (make smollm2)")
     parser.add_argument("--weights", default="fp32", help="serve: the weight format")
@@ -239,7 +245,7 @@ def main() -> None:
         print(startup.table(results))
         return
     if args.suite == "trainspeed":
-        print(_trainspeed(args.out, args.baseline, args.small, args.repeats))
+        print(_trainspeed(args.out, args.baseline, args.small, args.repeats, args.precision))
         return
     if args.suite == "gpu":
         print(_gpu(args.out, args.small, args.repeats, args.device))

@@ -27,6 +27,17 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def bf16_formats(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bf16 and int8 weight formats on any CPU. attnkit refuses them where bf16 is not
+    native (or ``ATTNKIT_CPU_CLASS`` says so), as slower than fp32; tests that use this run
+    them anyway, through PyTorch's emulated bf16 kernels, so that their numbers are checked
+    on every machine, not only where they are fast."""
+    from attnkit.models import weights
+
+    monkeypatch.setattr(weights, "native_bf16", lambda device: True)
+
+
 # A 13-word vocabulary; "the" four times, so that one word is far more frequent than the rest.
 WORDS = ("the", "cat", "sat", "on", "the", "mat", "and", "the", "dog", "ran", "in", "the", "park", "while", "birds",
          "sang")  # fmt: skip

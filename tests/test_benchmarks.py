@@ -82,13 +82,16 @@ def test_recipe_refuses_bad_variants_before_running_anything(tmp_path: Path, opt
 
 def test_trainspeed_runs_both_trees_in_turn(tmp_path: Path) -> None:
     out = tmp_path / "trainspeed.json"
-    command = [sys.executable, "-m", "benchmarks", "trainspeed", "--small", "--baseline", "HEAD", "--out", str(out)]
+    command = [sys.executable, "-m", "benchmarks", "trainspeed", "--small", "--baseline", "HEAD", "--out", str(out),
+               "--precision", "fp32"]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     numbers = json.loads(out.read_text())["trainspeed"]
-    assert set(numbers["median"]) == {"baseline", "this"} and numbers["ratio"] > 0
-    assert all(0 < m < 1 for m in numbers["mfu"].values())
-    assert "ratio: **" in result.stdout
+    fp32 = numbers["precisions"]["fp32"]
+    assert set(fp32["median"]) == {"baseline", "this"} and fp32["ratio"] > 0
+    assert all(0 < m < 1 for m in fp32["mfu"].values())
+    assert numbers["machine"]["cpu_class"] and numbers["machine"]["aten_cpu_capability"]
+    assert "fp32 ratio: **" in result.stdout
 
 
 def test_decoding_reports_every_format_against_transformers_and_ctranslate2_or_why_not(tmp_path: Path) -> None:

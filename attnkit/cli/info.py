@@ -42,6 +42,11 @@ def run(args: argparse.Namespace) -> int:
         )
         optimiser = f"{train['optimizer']} lr {train['lr']} schedule {train['schedule']} warmup {train['warmup']}"
         print(f"  optimiser {optimiser}, batch {train['batch_tokens']} tokens, precision {train['precision']}")
+        if "machine" in run:  # what the run chose for the machine it started on
+            from attnkit.training.fit import MachineRecord
+
+            for line in MachineRecord(**run["machine"]).describe():
+                print(f"  {line}")
         checkpoints = complete_checkpoints(directory)
         print(f"  checkpoints: {', '.join(p.name for p in checkpoints) or 'none'}")
     if (directory / METRICS).exists():

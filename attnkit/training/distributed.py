@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from attnkit.machine import native_bf16
+from attnkit.machine import cpu_class, native_bf16
 
 T = TypeVar("T")
 
@@ -50,14 +50,29 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
+def resolve_precision(precision: str, device: torch.device, cpu: str = "auto") -> str:
     """``train.precision`` made concrete: "auto" becomes bf16 where it is native, else fp32;
-    fp16 needs a GPU."""
-    if precision == "auto":
-        return "bf16" if native_bf16(device) else "fp32"
+    fp16 needs a GPU. ``cpu``: the ``train.cpu_class`` a CPU is taken for."""
+    return precision_choice(precision, device, cpu)[0]
+
+
+def precision_choice(precision: str, device: torch.device, cpu: str = "auto") -> tuple[str, str]:
+    """``train.precision`` made concrete, and why, in words for the user: e.g. ("fp32", "AVX2
+    without native bf16: fp32")."""
     if precision == "fp16" and device.type != "cuda":
         raise ValueError("train.precision=fp16 needs a CUDA device; on a CPU use bf16 (or auto)")
-    return precision
+    if device.type == "cuda":
+        name = f"CUDA ({torch.cuda.get_device_name(device)})"
+        native = native_bf16(device)
+        what = "computes bf16 natively" if native else "has no bf16"
+    else:
+        taken = cpu_class(cpu)
+        name, native = taken.describe(), taken.native_bf16
+        what = "computes bf16 natively" if native else "emulates bf16, slower than fp32"
+    if precision == "auto":
+        chosen = "bf16" if native else "fp32"
+        return chosen, f"{name}: {'bf16 autocast' if native else 'fp32'} (train.precision=auto; it {what})"
+    return precision, f"{name}: {precision}, as train.precision asks (it {what})"
 
 
 def init_world(device_name: str) -> World:

@@ -12,16 +12,20 @@ import dataclasses
 import json
 import logging
 import shutil
+import statistics
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from attnkit.config import ModelConfig, RunConfig, run_from_dict
+from attnkit.config import ModelConfig, RunConfig, apply_overrides, run_from_dict
 from attnkit.data.batching import StepBatches
-from attnkit.data.prepare import Data, load_data, train_batches
+from attnkit.data.prepare import Data, batch_positions, load_data, train_batches
 from attnkit.data.specials import ModelSpecials, Specials
 from attnkit.data.tokenizer import load_tokenizer
+from attnkit.machine import cpu_class
 from attnkit.models import Model, build_model
 from attnkit.models.io import load_weights
 from attnkit.nn import lora
@@ -39,12 +43,15 @@ from attnkit.training.checkpoint import (
     load_checkpoint,
     remove_interrupted,
 )
+from attnkit.training.distributed import World
 from attnkit.training.evaluate import evaluate
+from attnkit.training.fit import Candidate, FitChoice, FitTable, MachineRecord, choose, measure
 from attnkit.training.trainer import METRICS, Progress, Trainer, trim_metrics
 
 log = logging.getLogger(__name__)
 
 RUN_CONFIG = "run.json"
+MACHINE = "machine"  # run.json's record of the machine the run was fitted to (beside model, train, data)
 TOKENIZER = "tokenizer.json"
 
 
@@ -112,16 +119,80 @@ def _model_specials(run: RunConfig, cfg: ModelConfig | None) -> ModelSpecials | 
     return ModelSpecials(cfg.vocab_size, cfg.pad_token_id, bos, eos)
 
 
-def _start(run: RunConfig, run_dir: Path, prepared: Data | None, base: Model | None) -> Data:
+def _start(
+    run: RunConfig,
+    run_dir: Path,
+    prepared: Data | None,
+    base: Model | None,
+    world: World,
+    fit: FitTable | None,
+    no_fit: str,
+    resume: bool,
+    force: bool,
+) -> tuple[Data, RunConfig, MachineRecord]:
     """A new run's data (``prepared``, or read now with ``base``'s tokenizer when fine-tuning),
-    with its config and tokenizer written into ``run_dir`` once they are known to make batches."""
+    its model fitted to the machine when ``fit`` is given, and its config, machine record and
+    tokenizer written into ``run_dir`` once they are known to make batches (not before: a run
+    refused until then leaves nothing behind)."""
     base_config = None if base is None else base.config
     data = prepared or load_data(run, None if base is None else base.tokenizer, _model_specials(run, base_config))
+    precision, reason = distributed.precision_choice(run.train.precision, world.device, run.train.cpu_class)
+    choice = None
+    if fit is not None:
+        choice = _probe(run, data, fit, world, precision)
+        run = apply_overrides(run, choice.changes)
     train_batches(run, data)
     run = model_config_for(run, data, None if base is None else base.config)
-    (run_dir / RUN_CONFIG).write_text(json.dumps(run.to_dict(), indent=2) + "\n", encoding="utf-8")
+    cpu = cpu_class(run.train.cpu_class)
+    record = MachineRecord(
+        cpu.name, cpu.detected, cpu.forced_by, precision, reason, choice.to_dict() if choice else None, no_fit
+    )
+    prepare_run_dir(run_dir, resume, force)
+    write_run_config(run_dir, run, record)
     data.tokenizer.save(str(run_dir / TOKENIZER))
-    return data
+    return data, run, record
+
+
+def write_run_config(run_dir: Path, run: RunConfig, record: MachineRecord | None) -> None:
+    """``run.json``: the run config, and beside it the machine record (what it was fitted to)."""
+    payload = run.to_dict() | ({MACHINE: record.to_dict()} if record is not None else {})
+    (run_dir / RUN_CONFIG).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+
+
+def read_run_config(run_dir: Path) -> tuple[RunConfig, MachineRecord | None]:
+    """The run config of ``run.json`` and its machine record (None for runs written before it)."""
+    payload = json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8"))
+    record = payload.pop(MACHINE, None) if isinstance(payload, dict) else None
+    return run_from_dict(payload), None if record is None else MachineRecord(**record)
+
+
+def _probe(run: RunConfig, data: Data, table: FitTable, world: World, precision: str) -> FitChoice:
+    """Measure each candidate of ``table``'s training step on this machine — its model, built,
+    trained for a few steps on the run's first batches (the same for all) — and choose."""
+    start = time.perf_counter()
+    plain = dataclasses.replace(run.data, curriculum_max_tokens=None)  # every candidate on the same batches
+    batches = train_batches(dataclasses.replace(run, data=plain), data)
+    epoch = batches.epoch_batches(0)
+    typical = statistics.fmean(batch_positions(b, data.train) for b in epoch)
+
+    def step_of(candidate: Candidate) -> Callable[[], float]:
+        cand = model_config_for(apply_overrides(run, candidate.changes), data)
+        cand = dataclasses.replace(cand, data=plain)
+        model = build_model(cand.model).to(world.device)
+        iterator = iter(StepBatches(train_batches(cand, data), 0, 1, 1))
+        trainer = Trainer(cand, Path("."), model, make_objective(cand, data.specials), data.train, iterator,
+                          World(world.device), precision=precision)  # fmt: skip
+
+        def one() -> float:
+            step_batches = next(iterator)
+            trainer._step(step_batches)
+            return sum(batch_positions(b, data.train) for b in step_batches) / typical  # its size / a typical step's
+
+        return one
+
+    seconds = measure(table.candidates, step_of)
+    choice = choose(table, seconds, run.train.time_budget or 0.0)
+    return dataclasses.replace(choice, probe_seconds=time.perf_counter() - start)
 
 
 def make_objective(run: RunConfig, specials: Specials | None) -> Objective:
@@ -178,8 +249,9 @@ def _copy_pretrained(model: torch.nn.Module, base: torch.nn.Module) -> None:
                 mine[name].copy_(tensor)
 
 
-def prepare_run_dir(run_dir: Path, resume: bool, force: bool) -> None:
-    """Refuse to write over an existing run unless asked to resume it or start it over."""
+def check_run_dir(run_dir: Path, resume: bool, force: bool) -> bool:
+    """Refuse a run directory that would be written over without ``resume`` or ``force``;
+    whether it holds a run. Changes nothing."""
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"{run_dir} exists and is not a directory; choose another --out")
     has_run = (run_dir / RUN_CONFIG).exists() or (run_dir / CHECKPOINTS).exists()
@@ -190,6 +262,13 @@ def prepare_run_dir(run_dir: Path, resume: bool, force: bool) -> None:
         )
     if run_dir.is_dir() and not has_run and any(run_dir.iterdir()):
         raise FileExistsError(f"{run_dir} is not empty and holds no run; choose an empty or new --out")
+    return has_run
+
+
+def prepare_run_dir(run_dir: Path, resume: bool, force: bool) -> None:
+    """Refuse to write over an existing run unless asked to resume it or start it over; then
+    clear what an interrupted save left (resume) or the run started over (force)."""
+    has_run = check_run_dir(run_dir, resume, force)
     if has_run and resume:
         for leftover in remove_interrupted(run_dir):
             log.info("removed %s, left by a save that was interrupted", leftover)
@@ -213,7 +292,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, force: bool) -> None:
 # exactly what W*k batches per step trained (a change of W*k is allowed, with a warning).
 RESUMABLE_CHANGES = frozenset(
     {"max_steps", "time_budget", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_batches", "log_every"}
-    | {"distributed", "batches_per_step", "skip_nonfinite", "compile"}
+    | {"distributed", "batches_per_step", "skip_nonfinite", "compile", "cpu_class", "fit"}
 )
 
 
@@ -247,6 +326,9 @@ def train(
     stop: threading.Event | None = None,
     progress_every: float = 30.0,
     data: Data | None = None,
+    fit: FitTable | None = None,
+    no_fit: str = "",
+    announce: Callable[[str], None] | None = None,
 ) -> tuple[Progress, dict[str, float]]:
     """Train ``run`` into ``run_dir``; returns where it ended and the final evaluation.
 
@@ -256,28 +338,50 @@ def train(
     signal handler, or another thread) ends training after the current step with a checkpoint:
     :class:`~attnkit.training.trainer.TrainingStoppedError` is raised. ``data``, a corpus
     prepared once for several runs (:func:`attnkit.data.prepare.load_data`), is trained on
-    instead of reading the run's corpus and training its tokenizer."""
+    instead of reading the run's corpus and training its tokenizer.
+
+    A new run resolves its precision on this machine and, with ``fit`` (a preset's table,
+    :func:`attnkit.training.fit.fit_for`), measures the table's candidates here and trains the
+    best one for its budget (``no_fit``: why it is not fitted, for the record); both are saved
+    in ``run.json`` and kept on resume. ``announce`` receives those choices as lines (the
+    command line prints them; by default they are logged)."""
     prepared = data
     run_dir = Path(run_dir)
     world = distributed.init_world(run.train.device)
+    say = announce or (lambda line: log.info("%s", line))
     try:
+        cpu_class(run.train.cpu_class)  # an unknown or impossible class is refused before anything is written
+        if world.distributed and fit is not None:
+            fit, no_fit = None, "a distributed run (size the model with --model.* options)"
         # Under torchrun rank 0 alone prepares the directory and, for a new run, trains the
         # tokenizer and writes it; the other ranks wait, then read that same tokenizer back.
-        distributed.on_main(world, lambda: prepare_run_dir(run_dir, resume, force))
+        distributed.on_main(world, lambda: (prepare_run_dir if resume else check_run_dir)(run_dir, resume, force))
         checkpoint = latest_checkpoint(run_dir) if resume else None
         if resume and checkpoint is None and world.is_main:
             log.warning("no complete checkpoint in %s: starting from the beginning", run_dir)
-        data, saved = None, None
+        data, saved, record = None, None, None
         base = pretrained(run) if checkpoint is None else None  # a resumed run's weights are its own
         if checkpoint is None:
-            data = distributed.on_main(world, lambda: _start(run, run_dir, prepared, base))
-        if data is None:  # resumed
-            saved = run_from_dict(json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8")))
+            started = distributed.on_main(
+                world, lambda: _start(run, run_dir, prepared, base, world, fit, no_fit, resume, force)
+            )  # fmt: skip
+            if started is not None:
+                data, run, record = started
+                for line in record.describe():
+                    say(line)
+        if data is None:  # resumed, or another rank of a new run
+            saved, record = read_run_config(run_dir)
             specials = _model_specials(saved, saved.model)
             data = prepared or load_data(run, load_tokenizer(run_dir / TOKENIZER), specials)
+            if record is not None and record.fit is not None:  # the machine's choice, kept
+                run = apply_overrides(run, record.fit["changes"])
+            if checkpoint is not None and record is not None and world.is_main:
+                say(f"resumed: the run keeps the choices it made on {record.cpu_class}: {record.precision}"
+                    + (f", {record.fit['chosen']}" if record.fit else ""))  # fmt: skip
         run = model_config_for(run, data, None if base is None else base.config)
         if checkpoint is not None:  # a resumed run keeps its config, but for when to stop and report
             run = _resumed_config(saved, run)
+        precision = record.precision if record is not None else None
         torch.manual_seed(run.train.seed)  # the initial weights
         if base is None:
             model = build_model(run.model).to(world.device)
@@ -298,6 +402,7 @@ def train(
         trainer = Trainer(
             run, run_dir, model, objective, data.train, iterator, world,
             evaluate=lambda: evaluate(model, objective, data.valid, run, data.tokenizer, bleu=True), stop=stop,
+            precision=precision, announce=say,
         )  # fmt: skip
         if state is not None:
             distributed.load_optimizer(trainer.model, trainer.optimizer, optimizer_state)

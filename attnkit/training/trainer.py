@@ -164,7 +164,14 @@ class Trainer:
         world: World,
         evaluate: Callable[[], dict[str, float]] | None = None,
         stop: threading.Event | None = None,
+        precision: str | None = None,
+        announce: Callable[[str], None] | None = None,
     ) -> None:
+        """``precision``: what autocast runs (fp32, bf16, fp16), as the run chose it once (a
+        resumed run keeps it); None resolves ``train.precision`` on this machine. ``announce``
+        receives the choices made while training (a budget schedule's horizon) as lines;
+        by default they are logged."""
+        self.announce = announce or (lambda line: log.info("%s", line))
         self.run, self.run_dir, self.world = run, run_dir, world
         self.stop = stop
         self.bare = model  # the model itself, whatever wraps it
@@ -187,14 +194,16 @@ class Trainer:
         self.evaluate = evaluate
         self.progress = Progress()
         device = world.device.type
-        self.precision = distributed.resolve_precision(run.train.precision, world.device)
+        self.precision = precision or distributed.resolve_precision(
+            run.train.precision, world.device, run.train.cpu_class
+        )
         self.autocast = (
             torch.autocast(device, dtype=torch.bfloat16 if self.precision == "bf16" else torch.float16)
             if self.precision != "fp32"
             else contextlib.nullcontext()
         )
         self.scaler = torch.amp.GradScaler(device, enabled=self.precision == "fp16")
-        self.tensorboard = _tensorboard(run_dir) if world.is_main else None
+        self._tensorboard: Any = None  # made at the first record (False: not installed); a probe's trainer writes none
 
     # -- one step -------------------------------------------------------------------------
 
@@ -289,8 +298,13 @@ class Trainer:
         horizon = budget_horizon(self.run.train, seconds)
         self.progress.horizon = horizon
         if self.world.is_main:
-            log.info("%s: the decay ends at step %d, where the time budget ends at the rate of the warm-up",
-                     self.run.train.schedule, horizon)  # fmt: skip
+            cfg = self.run.train
+            where = (
+                f"train.max_steps (the {cfg.time_budget:.0f}-s budget would allow more here)"
+                if horizon == cfg.max_steps
+                else f"where the {cfg.time_budget:.0f}-s budget ends at this machine's step rate over the warm-up"
+            )
+            self.announce(f"schedule fit: {cfg.schedule} ends its decay at step {horizon:,}, {where}")
         self.write_metrics({"split": "schedule", "step": self.progress.step, "horizon": horizon})
         return horizon
 
@@ -300,10 +314,12 @@ class Trainer:
             return
         with open(self.run_dir / METRICS, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
-        if self.tensorboard is not None:
+        if self._tensorboard is None:
+            self._tensorboard = _tensorboard(self.run_dir) or False
+        if self._tensorboard:
             for key, value in record.items():
                 if isinstance(value, float | int) and key != "step":
-                    self.tensorboard.add_scalar(f"{record['split']}/{key}", value, record["step"])
+                    self._tensorboard.add_scalar(f"{record['split']}/{key}", value, record["step"])
 
     def fit(
         self, progress_bar: bool = True, session_steps: int | None = None, progress_every: float = 30.0
@@ -388,6 +404,6 @@ class Trainer:
                 raise TrainingStoppedError(step, checkpoint_dir(self.run_dir, step) if written else None)
         finally:
             bar.close()
-            if self.tensorboard is not None:
-                self.tensorboard.flush()
+            if self._tensorboard:
+                self._tensorboard.flush()
         return self.progress

@@ -32,7 +32,6 @@ from torch.testing import assert_close
 import attnkit
 from attnkit.generation import compiled
 from attnkit.generation.incremental import IncrementalModel
-from attnkit.machine import native_bf16
 
 pytestmark = pytest.mark.slow  # every test compiles (a few seconds each)
 
@@ -175,7 +174,7 @@ def test_a_decode_filling_the_learned_context_compiles_within_it() -> None:
 
 
 @pytest.mark.parametrize("weights", ["bf16", "int8"])
-@pytest.mark.skipif(not native_bf16(torch.device("cpu")), reason="this CPU has no native bf16")
+@pytest.mark.usefixtures("bf16_formats")  # on any CPU: emulated bf16 where it is not native
 def test_compiled_step_in_each_weight_format(weights: str, tmp_path: Path) -> None:
     hf_gpt2(0).save_pretrained(tmp_path)
     reference = attnkit.from_pretrained(tmp_path)

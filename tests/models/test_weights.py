@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import attnkit
-from attnkit.machine import native_bf16
 from attnkit.models import build_model, weights
 from attnkit.models.weights import Int8Linear, int8_linear, quantize_rows, to_format
 
@@ -21,8 +20,9 @@ FAMILIES = ["gpt-tiny", "bert-tiny", "t5-tiny", "transformer-tiny"]
 # (bf16 keeps 8 bits of mantissa through every layer; int8 adds to that half a step of 1/127
 # of each row's largest weight per matrix).
 TOLERANCE = {"bf16": 0.05, "int8": 0.05}
-needs_bf16 = pytest.mark.skipif(not native_bf16(torch.device("cpu")), reason="this CPU has no native bf16")
-FORMATS = [pytest.param("bf16", marks=needs_bf16), pytest.param("int8", marks=needs_bf16)]
+# On any CPU: where bf16 is not native the formats run on PyTorch's emulated bf16 (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("bf16_formats")
+FORMATS = ["bf16", "int8"]
 
 
 def test_int8_rows_unpack_within_one_quantisation_step() -> None:
@@ -87,7 +87,6 @@ def test_greedy_beam_and_sampling_run_in_every_format(tmp_path: Path, name: str,
         assert out.dtype == torch.long and out.shape[0] == 2
 
 
-@needs_bf16
 def test_hugging_face_directories_load_in_int8(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -99,7 +98,6 @@ def test_hugging_face_directories_load_in_int8(tmp_path: Path) -> None:
     assert_close(got, reference, atol=TOLERANCE["int8"] * reference.abs().max().item(), rtol=0)
 
 
-@needs_bf16
 def test_formats_are_not_saved_and_bad_formats_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     directory = model_dir(tmp_path, "gpt-tiny")
     model = attnkit.from_pretrained(directory, weights="int8")

@@ -20,7 +20,7 @@ WATER = ["the river flows to the sea", "rain fell on the lake", "waves broke on 
          "the flood covered the valley", "they drew water from the well", "the boat sailed the ocean"]  # fmt: skip
 FIRE = ["the fire burned all night", "flames rose from the altar", "the lamp gave light and heat", "smoke and ashes",
         "the furnace was heated seven times", "a torch blazed in the dark", "the coals glowed red"]  # fmt: skip
-FAST = ["--train.max_steps", "40", "--train.time_budget", "null", "--train.lr", "1e-4", "--train.warmup", "5",
+FAST = ["--train.max_steps", "40", "--train.time_budget", "100000", "--train.lr", "1e-4", "--train.warmup", "5",
         "--train.batch_tokens", "1024", "--train.log_every", "20", "--train.checkpoint_every", "40"]  # fmt: skip
 
 

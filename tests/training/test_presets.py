@@ -26,3 +26,11 @@ def test_the_demo_preset_is_the_recipe_of_the_study() -> None:
     assert train.lr * model.d_model**-0.5 * train.warmup**-0.5 == pytest.approx(2e-3)  # the peak
     assert model.norm_first and model.dropout == 0.0 and train.label_smoothing == 0.0
     assert train.precision == "auto" and train.device == "auto"  # bf16 where native; a GPU when there is one
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (_, _, train, _) in RUN_PRESETS.items() if train.get("init")))
+def test_fine_tuning_presets_fit_their_schedule_to_the_budget(name: str) -> None:
+    """A pretrained model's size is given: what fits the machine is the schedule, which decays
+    to the end of the time budget at the step rate measured over the warm-up, capped at max_steps."""
+    train = run_preset(name).train
+    assert train.schedule == "budget-cosine" and train.time_budget is not None and train.max_steps < 10_000
