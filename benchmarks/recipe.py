@@ -77,6 +77,24 @@ SCREENS: dict[str, dict[str, dict[str, str]]] = {
     "embedding": {
         "no sqrt(d_model) scale (embeddings N(0, 1/d_model))": {**_BEST, "model.scale_embeddings": "false"},
     },
+    # The machine fit's table (attnkit.training.fit): each candidate by steps, at several budgets
+    # (--steps 500, 1000, 2000, 4000 into one --name fit-translate-en-fr): the study behind the
+    # demo's choice of model for the updates a machine affords in ten minutes.
+    "fit": {
+        "d_model 128, short verses first": {
+            "model.d_model": "128",
+            "model.n_heads": "2",
+            "model.d_ff": "512",
+            "data.curriculum_max_tokens": "32",
+        },
+        "d_model 192, short verses first": {
+            "model.d_model": "192",
+            "model.n_heads": "3",
+            "model.d_ff": "768",
+            "data.curriculum_max_tokens": "32",
+        },
+        "d_model 256 (the preset)": {},
+    },
     "width": {
         "the preset (d_model 256, 4 heads of 64, d_ff 1024)": _BEST,
         "d_model 192 (3 heads of 64, d_ff 768)": {

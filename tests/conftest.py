@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import random
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +24,14 @@ def pytest_configure(config: pytest.Config) -> None:
         # torch.compile's code generation runs in a pool of processes, one per core: beside the
         # other worker's timed tests (the chapter's complexity exponents) it would take their cores.
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+        # Each worker, and each forced ATen capability, its own inductor cache: kernels run from the
+        # shared cache failed here, seldom, with "SystemError: <built-in function kernel> returned a
+        # result with an exception set" (twice in one run with ATEN_CPU_CAPABILITY=avx2, after runs
+        # without it; both tests pass alone, from a fresh cache or the same one).
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        isa = os.environ.get("ATEN_CPU_CAPABILITY", "native")
+        cache = Path(tempfile.gettempdir()) / f"torchinductor-attnkit-{getpass.getuser()}-{isa}-{worker}"
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
         import torch
 
         torch.set_num_threads(threads)
