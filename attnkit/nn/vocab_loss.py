@@ -76,16 +76,15 @@ class _VocabCrossEntropy(torch.autograd.Function):
         g.scatter_add_(1, targets[:, None], torch.full_like(targets, -(1.0 - ctx.epsilon), dtype=g.dtype)[:, None])
         if ctx.epsilon:
             g.sub_(ctx.epsilon / g.shape[1])
-        g.mul_(grad_total)
         dtype = ctx.compute_dtype
         g_c = g.to(dtype)
-        grad_h = grad_w = grad_b = None
+        grad_h = grad_w = grad_b = None  # each scaled by grad_total once small, not the (N, V) matrix
         if ctx.needs_input_grad[0]:
-            grad_h = (g_c @ weight.to(dtype)).to(h.dtype)  # (N, V) @ (V, d) -> (N, d)
+            grad_h = (g_c @ weight.to(dtype)).to(h.dtype).mul_(grad_total)  # (N, V) @ (V, d) -> (N, d)
         if ctx.needs_input_grad[1]:
-            grad_w = (g_c.t() @ h.to(dtype)).to(weight.dtype)  # (V, N) @ (N, d) -> (V, d)
+            grad_w = (g_c.t() @ h.to(dtype)).to(weight.dtype).mul_(grad_total)  # (V, N) @ (N, d) -> (V, d)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = g.sum(0)  # (V,)
+            grad_b = g.sum(0).mul_(grad_total)  # (V,)
         return grad_h, grad_w, grad_b, None, None
 
 

@@ -350,7 +350,8 @@ def train(
     world = distributed.init_world(run.train.device)
     say = announce or (lambda line: log.info("%s", line))
     try:
-        cpu_class(run.train.cpu_class)  # an unknown or impossible class is refused before anything is written
+        # An unknown or impossible CPU class, or fp16 on a CPU, is refused before anything is written.
+        distributed.precision_choice(run.train.precision, world.device, run.train.cpu_class)
         if world.distributed and fit is not None:
             fit, no_fit = None, "a distributed run (size the model with --model.* options)"
         # Under torchrun rank 0 alone prepares the directory and, for a new run, trains the
