@@ -234,27 +234,17 @@ class EncoderDecoderModel(Model):
         decoder_attention_mask: Tensor | None = None,
         cache: DecoderCache | None = None,
         record: AttentionRecord | None = None,
+        head: bool = True,
     ) -> tuple[Tensor, Tensor]:
         """Target ids (B, T) (only the new ones when ``cache`` holds the rest) -> hidden
-        states and logits (B, T, vocab). ``decoder_attention_mask`` covers all positions."""
-        h = self.decoder_states(decoder_input_ids, memory, memory_mask, decoder_attention_mask, cache, record)
-        return h, self.head(h, self.decoder_embeddings.token.weight)
-
-    def decoder_states(
-        self,
-        decoder_input_ids: Tensor,
-        memory: Tensor,
-        memory_mask: Tensor | None = None,
-        decoder_attention_mask: Tensor | None = None,
-        cache: DecoderCache | None = None,
-        record: AttentionRecord | None = None,
-    ) -> Tensor:
-        """:meth:`decode` without the head: the decoder's hidden states (B, T, d_model)."""
+        states and logits (B, T, vocab); the hidden states alone (logits None) without
+        ``head``. ``decoder_attention_mask`` covers all positions."""
         check_ids("decoder_input_ids", decoder_input_ids, self.config.vocab_size)
         offset = len(cache) if cache is not None else 0
         mask = _key_mask(decoder_attention_mask, decoder_input_ids, "decoder_attention_mask", offset)
         x = self.decoder_embeddings(decoder_input_ids, offset)
-        return self.decoder(x, memory, mask=mask, memory_mask=memory_mask, cache=cache, record=record)
+        h = self.decoder(x, memory, mask=mask, memory_mask=memory_mask, cache=cache, record=record)
+        return h, self.head(h, self.decoder_embeddings.token.weight) if head else None  # type: ignore[return-value]
 
     def forward(
         self,
@@ -277,7 +267,9 @@ class EncoderDecoderModel(Model):
         enc_record: AttentionRecord | None = {} if output_attentions else None
         dec_record: AttentionRecord | None = {} if output_attentions else None
         memory, memory_mask = self.encode(input_ids, attention_mask, enc_record)
-        h = self.decoder_states(decoder_input_ids, memory, memory_mask, decoder_attention_mask, record=dec_record)
+        h, _ = self.decode(
+            decoder_input_ids, memory, memory_mask, decoder_attention_mask, record=dec_record, head=False
+        )
         logits, loss = self.head_output(h, self.decoder_embeddings.token.weight, target_ids, label_smoothing)
         attentions = {"encoder": enc_record, "decoder": dec_record} if output_attentions else {}
         return ModelOutput(h, logits, loss, encoder_last_hidden_state=memory, attentions=attentions)
