@@ -184,8 +184,10 @@ def _demo(out: Path | None, budget: float | None) -> str:
     ])  # fmt: skip
 
 
-def _trainspeed(out: Path | None, baseline: str, small: bool, repeats: int, precisions: str) -> str:
-    result = trainspeed.run(baseline, repeats=min(repeats, 3), small=small, precisions=tuple(precisions.split(",")))
+def _trainspeed(out: Path | None, baseline: str, small: bool, repeats: int, precisions: str, steps: int) -> str:
+    result = trainspeed.run(
+        baseline, steps=steps, repeats=repeats, small=small, precisions=tuple(precisions.split(","))
+    )
     _write(out, {"trainspeed": result})
     about = result["machine"]
     lines = [
@@ -234,6 +236,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, help="translation, demo: seconds of training (each side)")
     parser.add_argument("--baseline", default="d548709", help="trainspeed: the commit to compare with")
     parser.add_argument("--precision", default="fp32,bf16", help="trainspeed: precisions to train in (comma-separated)")
+    parser.add_argument(
+        "--steps", type=int, default=300, help="trainspeed: steps a run logs (the first 20 are left out of the rate)"
+    )
     parser.add_argument("--run", type=Path, help="decoding: a trained translator's run directory, scored per format")
     parser.add_argument("--model", type=Path, default=Path("runs/smollm2"), help="serve: the model (make smollm2)")
     parser.add_argument("--weights", default="fp32", help="serve: the weight format")
@@ -258,7 +263,7 @@ def main() -> None:
         print(startup.table(results))
         return
     if args.suite == "trainspeed":
-        print(_trainspeed(args.out, args.baseline, args.small, args.repeats, args.precision))
+        print(_trainspeed(args.out, args.baseline, args.small, min(args.repeats, 3), args.precision, args.steps))
         return
     if args.suite == "gpu":
         print(_gpu(args.out, args.small, args.repeats, args.device))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from attnkit.config import apply_overrides, run_preset
+from attnkit.training.fit import FIT_TABLES
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -77,24 +78,9 @@ SCREENS: dict[str, dict[str, dict[str, str]]] = {
     "embedding": {
         "no sqrt(d_model) scale (embeddings N(0, 1/d_model))": {**_BEST, "model.scale_embeddings": "false"},
     },
-    # The machine fit's table (attnkit.training.fit): each candidate by steps, at several budgets
-    # (--steps 500, 1000, 2000, 4000 into one --name fit-translate-en-fr): the study behind the
-    # demo's choice of model for the updates a machine affords in ten minutes.
-    "fit": {
-        "d_model 128, short verses first": {
-            "model.d_model": "128",
-            "model.n_heads": "2",
-            "model.d_ff": "512",
-            "data.curriculum_max_tokens": "32",
-        },
-        "d_model 192, short verses first": {
-            "model.d_model": "192",
-            "model.n_heads": "3",
-            "model.d_ff": "768",
-            "data.curriculum_max_tokens": "32",
-        },
-        "d_model 256 (the preset)": {},
-    },
+    # The machine fit's table (attnkit.training.fit): its candidates by steps, at several budgets
+    # (--steps 500, 1000, 2000, 4000 into one --name fit-translate-en-fr); their scores are the table's.
+    "fit": {c.name: c.changes for c in FIT_TABLES["translate-en-fr"].candidates},
     "width": {
         "the preset (d_model 256, 4 heads of 64, d_ff 1024)": _BEST,
         "d_model 192 (3 heads of 64, d_ff 768)": {
@@ -307,23 +293,27 @@ def table(payload: dict[str, Any]) -> str:
 
 
 def plot(payload: dict[str, Any], path: Path) -> Path:
-    """BLEU (the better of greedy and beam-4, mean over seeds) against minutes of training."""
+    """BLEU (the better of greedy and beam-4, mean over seeds) against minutes of training, or
+    against updates when every run was budgeted in steps (their minutes depend on the load)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    by_steps = all(r["budget"].endswith(" steps") for r in payload["runs"])
     by_variant: dict[str, dict[float, list[float]]] = {}
     for r in payload["runs"]:
-        minutes = round(r["training_seconds"] / 60, 1)
-        by_variant.setdefault(r["variant"], {}).setdefault(minutes, []).append(max(r["bleu_greedy"], r["bleu_beam4"]))
+        x = r["steps"] if by_steps else round(r["training_seconds"] / 60, 1)
+        by_variant.setdefault(r["variant"], {}).setdefault(x, []).append(max(r["bleu_greedy"], r["bleu_beam4"]))
     for variant, points in by_variant.items():
         xs = sorted(points)
         ys = [statistics.fmean(points[x]) for x in xs]
         errs = [statistics.stdev(points[x]) if len(points[x]) > 1 else 0.0 for x in xs]
         ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=variant)
-    ax.set_xlabel("minutes of training")
+    ax.set_xlabel("updates (log scale)" if by_steps else "minutes of training")
+    if by_steps:
+        ax.set_xscale("log")
     ax.set_ylabel("BLEU (better of greedy, beam-4)")
     ax.set_title(f"recipe study {payload['name']} ({payload['preset']})")
     ax.grid(alpha=0.3)

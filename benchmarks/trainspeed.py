@@ -7,7 +7,10 @@ precision — trains there and here in turn, ``--repeats`` times each per precis
 fresh ``attnkit train`` process, stopped by SIGTERM once it has logged enough steps (so no run
 pays for the translation report at its end). The figure is the steady rate: target tokens per
 second over the logged steps after the first ``WARM`` (they allocate and fill caches), the
-median over repeats. bf16 is measured only where the CPU computes it natively (elsewhere
+median over repeats. Give bf16 a few hundred steps (the default, 300): oneDNN makes a bf16
+kernel for each new batch shape the first time it meets it, and over the first hundred steps
+that is most of them (2026-12-02: 4,031–5,725 target tokens/s over steps 21–100, one run to the
+next). bf16 is measured only where the CPU computes it natively (elsewhere
 ``precision=auto`` trains in fp32, and emulated bf16 is no one's path). The matmul peak of each
 precision, measured in the same run, gives each side's model-FLOPs utilisation.
 
@@ -126,7 +129,7 @@ def _safe_records(out: Path) -> list[dict[str, Any]]:
 
 def run(
     baseline: str,
-    steps: int = 100,
+    steps: int = 300,
     repeats: int = 3,
     small: bool = False,
     precisions: tuple[str, ...] = ("fp32", "bf16"),
