@@ -9,6 +9,7 @@ A run directory holds ``run.json`` (the run config), ``tokenizer.json``, ``metri
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import shutil
@@ -166,31 +167,38 @@ def read_run_config(run_dir: Path) -> tuple[RunConfig, MachineRecord | None]:
     return run_from_dict(payload), None if record is None else MachineRecord(**record)
 
 
+PROBE_STEPS = 5  # batches each candidate trains on twice: once to warm up, once timed
+
+
 def _probe(run: RunConfig, data: Data, table: FitTable, world: World, precision: str) -> FitChoice:
-    """Measure each candidate of ``table``'s training step on this machine — its model, built,
-    trained for a few steps on the run's first batches (the same for all) — and choose."""
+    """Measure each candidate of ``table``'s training step on this machine and choose: its model,
+    built, trains on the run's first :data:`PROBE_STEPS` batches (the same for all) twice, and
+    the second pass is timed. The first meets each batch shape for the first time (bf16 kernels
+    are made then: the demo's first steps took 1.5 times the steady step) and allocates."""
     start = time.perf_counter()
     plain = dataclasses.replace(run.data, curriculum_max_tokens=None)  # every candidate on the same batches
     batches = train_batches(dataclasses.replace(run, data=plain), data)
-    epoch = batches.epoch_batches(0)
-    typical = statistics.fmean(batch_positions(b, data.train) for b in epoch)
+    steps = list(itertools.islice(iter(StepBatches(batches, 0, 1, 1)), PROBE_STEPS))
+    typical = statistics.fmean(batch_positions(b, data.train) for b in batches.epoch_batches(0))
 
     def step_of(candidate: Candidate) -> Callable[[], float]:
-        cand = model_config_for(apply_overrides(run, candidate.changes), data)
-        cand = dataclasses.replace(cand, data=plain)
+        cand = dataclasses.replace(model_config_for(apply_overrides(run, candidate.changes), data), data=plain)
         model = build_model(cand.model).to(world.device)
-        iterator = iter(StepBatches(train_batches(cand, data), 0, 1, 1))
-        trainer = Trainer(cand, Path("."), model, make_objective(cand, data.specials), data.train, iterator,
-                          World(world.device), precision=precision)  # fmt: skip
+        # A trainer that writes nothing (no metrics, no checkpoint): only its step is used.
+        objective = make_objective(cand, data.specials)
+        trainer = Trainer(
+            cand, Path("."), model, objective, data.train, iter(steps), World(world.device), precision=precision
+        )
+        cycle = itertools.cycle(steps)
 
         def one() -> float:
-            step_batches = next(iterator)
+            step_batches = next(cycle)
             trainer._step(step_batches)
             return sum(batch_positions(b, data.train) for b in step_batches) / typical  # its size / a typical step's
 
         return one
 
-    seconds = measure(table.candidates, step_of)
+    seconds = measure(table.candidates, step_of, steps=PROBE_STEPS, warm=PROBE_STEPS)
     choice = choose(table, seconds, run.train.time_budget or 0.0)
     return dataclasses.replace(choice, probe_seconds=time.perf_counter() - start)
 
