@@ -6,7 +6,8 @@ The study (``python -m benchmarks recipe --screen fit-NAME``, docs/translation.m
 candidate of a preset for several numbers of updates and scores it; :data:`FIT_TABLES` holds
 those scores. The choice is a pure function of the table, the measured seconds per step and the
 budget (:func:`choose`): each candidate's updates in the budget, its score there interpolated
-from the study (in log updates; held flat past the study's last budget), and the best wins.
+from the study (in log updates; held flat past the study's last budget), and the best of those
+the study trained for that few updates wins.
 The choice, the measured step times and the CPU class are saved in ``run.json`` (its
 ``machine`` record) and kept by a resumed run; explicit options win over it (:func:`fit_for`).
 """
@@ -14,14 +15,11 @@ The choice, the measured step times and the CPU class are saved in ``run.json`` 
 from __future__ import annotations
 
 import bisect
-import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,7 +33,8 @@ class Candidate:
 
     def score(self, updates: float) -> float:
         """The score after ``updates``, interpolated linearly in log(updates) between the study's
-        budgets, held flat past its last; below its first, the first (see :func:`choose`)."""
+        budgets, held flat past its last; below its first, the first (an optimistic guess:
+        :func:`choose` never picks a candidate there)."""
         budgets = sorted(self.scores)
         if updates <= budgets[0]:
             return self.scores[budgets[0]]
@@ -62,11 +61,8 @@ class FitTable:
 
     @property
     def keys(self) -> frozenset[str]:
-        """Every option some candidate sets: an explicit one of these turns the fit off."""
+        """Every option some candidate sets."""
         return frozenset(k for c in self.candidates for k in c.changes)
-
-    def candidate(self, name: str) -> Candidate:
-        return next(c for c in self.candidates if c.name == name)
 
 
 @dataclass(frozen=True)
@@ -100,25 +96,35 @@ class FitChoice:
         )
 
 
-def choose(table: FitTable, step_seconds: dict[str, float], budget: float) -> FitChoice:
+def choose(table: FitTable, step_seconds: dict[str, float], budget: float, max_steps: int | None = None) -> FitChoice:
     """The candidate of ``table`` with the best study score at the updates ``budget`` seconds
-    afford at each one's ``step_seconds``; ties go to the larger model. A budget that gives
-    even the fastest candidate fewer updates than the study's first screen is refused."""
+    afford at each one's ``step_seconds`` (and ``max_steps`` allows); ties go to the larger
+    model. A candidate that would make fewer updates than its study's first screen is not
+    chosen (its score there is unknown); when none would make enough, the run is refused."""
     missing = [c.name for c in table.candidates if c.name not in step_seconds]
     if missing:
         raise ValueError(f"no measured step time for {', '.join(missing)}")
-    updates = {c.name: int(budget / step_seconds[c.name]) for c in table.candidates}
-    fastest = max(table.candidates, key=lambda c: updates[c.name])
-    if updates[fastest.name] < table.min_updates:
-        need = math.ceil(table.min_updates * step_seconds[fastest.name])
+    if max_steps is not None and max_steps < table.min_updates:
         raise ValueError(
-            f"train.time_budget={budget:g} s affords {updates[fastest.name]:,} updates of the smallest model of "
+            f"train.max_steps={max_steps:,} is fewer than the {table.min_updates:,} updates {table.preset}'s "
+            f"machine-fit study starts at; give --train.max_steps={table.min_updates} or more, or size the model "
+            "yourself with --train.fit=false"
+        )
+    cap = max_steps if max_steps is not None else math.inf
+    updates = {c.name: int(min(budget / step_seconds[c.name], cap)) for c in table.candidates}
+    eligible = [c for c in table.candidates if updates[c.name] >= min(c.scores)]
+    if not eligible:
+        fastest = max(table.candidates, key=lambda c: updates[c.name])
+        need = math.ceil(min(fastest.scores) * step_seconds[fastest.name])
+        raise ValueError(
+            f"train.time_budget={budget:g} s affords {updates[fastest.name]:,} updates of the fastest model of "
             f"{table.preset}'s machine-fit table ({fastest.name}, {step_seconds[fastest.name]:.3f} s a step here), "
-            f"fewer than the {table.min_updates:,} its study starts at; give --train.time_budget={need} or more, "
+            f"fewer than the {min(fastest.scores):,} its study starts at; give --train.time_budget={need} or more, "
             "or size the model yourself with --train.fit=false"
         )
     predicted = {c.name: c.score(updates[c.name]) for c in table.candidates}
-    best = max(enumerate(table.candidates), key=lambda ic: (round(predicted[ic[1].name], 6), ic[0]))[1]
+    order = {c.name: i for i, c in enumerate(table.candidates)}
+    best = max(eligible, key=lambda c: (round(predicted[c.name], 6), order[c.name]))
     return FitChoice(
         table.preset, budget, dict(step_seconds), updates, predicted, best.name, dict(best.changes), table.study
     )
@@ -128,7 +134,9 @@ def fit_for(
     preset: str | None, overrides: Iterable[str], fit: bool, time_budget: float | None
 ) -> tuple[FitTable | None, str]:
     """The table a run of ``preset`` with these explicit ``overrides`` (option keys) is fitted
-    with, or None, and why, in a few words."""
+    with, or None, and why, in a few words. Any explicit ``model.*`` option, or one a candidate
+    sets, turns the fit off: the study scored its candidates' models only, and what the user
+    asks for is trained as asked (a ``train.*`` option is kept either way)."""
     table = FIT_TABLES.get(preset or "")
     if table is None:
         return None, ""
@@ -136,7 +144,7 @@ def fit_for(
         return None, "train.fit=false"
     if time_budget is None:
         return None, "no time budget to fit"
-    explicit = sorted(table.keys.intersection(overrides))
+    explicit = sorted(k for k in set(overrides) if k in table.keys or k.startswith("model."))
     if explicit:
         return None, f"explicit {', '.join('--' + k for k in explicit)} (explicit options win)"
     return table, ""

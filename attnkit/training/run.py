@@ -128,26 +128,28 @@ def _start(
     world: World,
     fit: FitTable | None,
     no_fit: str,
+    kept: MachineRecord | None,
     resume: bool,
     force: bool,
 ) -> tuple[Data, RunConfig, MachineRecord]:
     """A new run's data (``prepared``, or read now with ``base``'s tokenizer when fine-tuning),
-    its model fitted to the machine when ``fit`` is given, and its config, machine record and
-    tokenizer written into ``run_dir`` once they are known to make batches (not before: a run
-    refused until then leaves nothing behind)."""
+    its model fitted to the machine when ``fit`` is given (or as ``kept``, the record of a run
+    resumed before its first checkpoint), and its config, machine record and tokenizer written
+    into ``run_dir`` once they are known to make batches (not before: a run refused until then
+    leaves nothing behind)."""
     base_config = None if base is None else base.config
     data = prepared or load_data(run, None if base is None else base.tokenizer, _model_specials(run, base_config))
-    precision, reason = distributed.precision_choice(run.train.precision, world.device, run.train.cpu_class)
-    choice = None
-    if fit is not None:
-        choice = _probe(run, data, fit, world, precision)
-        run = apply_overrides(run, choice.changes)
+    record = kept
+    if record is None:
+        precision, reason = distributed.precision_choice(run.train.precision, world.device, run.train.cpu_class)
+        choice = None if fit is None else _probe(run, data, fit, world, precision)
+        cpu = cpu_class(run.train.cpu_class)
+        fitted = None if choice is None else choice.to_dict()
+        record = MachineRecord(cpu.name, cpu.detected, cpu.forced_by, precision, reason, fitted, no_fit)
+    if record.fit is not None:
+        run = apply_overrides(run, record.fit["changes"])
     train_batches(run, data)
     run = model_config_for(run, data, None if base is None else base.config)
-    cpu = cpu_class(run.train.cpu_class)
-    record = MachineRecord(
-        cpu.name, cpu.detected, cpu.forced_by, precision, reason, choice.to_dict() if choice else None, no_fit
-    )
     prepare_run_dir(run_dir, resume, force)
     write_run_config(run_dir, run, record)
     data.tokenizer.save(str(run_dir / TOKENIZER))
@@ -172,14 +174,15 @@ PROBE_STEPS = 5  # batches each candidate trains on twice: once to warm up, once
 
 def _probe(run: RunConfig, data: Data, table: FitTable, world: World, precision: str) -> FitChoice:
     """Measure each candidate of ``table``'s training step on this machine and choose: its model,
-    built, trains on the run's first :data:`PROBE_STEPS` batches (the same for all) twice, and
+    built, trains on the batches of the run's first :data:`PROBE_STEPS` steps (the same for all) twice, and
     the second pass is timed. The first meets each batch shape for the first time (bf16 kernels
     are made then: the demo's first steps took 1.5 times the steady step) and allocates."""
     start = time.perf_counter()
     plain = dataclasses.replace(run.data, curriculum_max_tokens=None)  # every candidate on the same batches
     batches = train_batches(dataclasses.replace(run, data=plain), data)
-    steps = list(itertools.islice(iter(StepBatches(batches, 0, 1, 1)), PROBE_STEPS))
-    typical = statistics.fmean(batch_positions(b, data.train) for b in batches.epoch_batches(0))
+    per_step = run.train.batches_per_step
+    steps = list(itertools.islice(iter(StepBatches(batches, 0, 1, per_step)), PROBE_STEPS))
+    typical = per_step * statistics.fmean(batch_positions(b, data.train) for b in batches.epoch_batches(0))
 
     def step_of(candidate: Candidate) -> Callable[[], float]:
         cand = dataclasses.replace(model_config_for(apply_overrides(run, candidate.changes), data), data=plain)
@@ -199,7 +202,7 @@ def _probe(run: RunConfig, data: Data, table: FitTable, world: World, precision:
         return one
 
     seconds = measure(table.candidates, step_of, steps=PROBE_STEPS, warm=PROBE_STEPS)
-    choice = choose(table, seconds, run.train.time_budget or 0.0)
+    choice = choose(table, seconds, run.train.time_budget or 0.0, run.train.max_steps)
     return dataclasses.replace(choice, probe_seconds=time.perf_counter() - start)
 
 
@@ -362,17 +365,24 @@ def train(
         distributed.precision_choice(run.train.precision, world.device, run.train.cpu_class)
         if world.distributed and fit is not None:
             fit, no_fit = None, "a distributed run (size the model with --model.* options)"
+
+        def check_or_tidy() -> None:  # a resumed run is tidied; a new one is made once it is known to start
+            if check_run_dir(run_dir, resume, force) and resume:
+                prepare_run_dir(run_dir, resume, force)
+
         # Under torchrun rank 0 alone prepares the directory and, for a new run, trains the
         # tokenizer and writes it; the other ranks wait, then read that same tokenizer back.
-        distributed.on_main(world, lambda: (prepare_run_dir if resume else check_run_dir)(run_dir, resume, force))
+        distributed.on_main(world, check_or_tidy)
         checkpoint = latest_checkpoint(run_dir) if resume else None
         if resume and checkpoint is None and world.is_main:
             log.warning("no complete checkpoint in %s: starting from the beginning", run_dir)
         data, saved, record = None, None, None
         base = pretrained(run) if checkpoint is None else None  # a resumed run's weights are its own
         if checkpoint is None:
+            # Resumed before its first checkpoint: the choices its run.json records are kept.
+            kept = read_run_config(run_dir)[1] if resume and (run_dir / RUN_CONFIG).exists() else None
             started = distributed.on_main(
-                world, lambda: _start(run, run_dir, prepared, base, world, fit, no_fit, resume, force)
+                world, lambda: _start(run, run_dir, prepared, base, world, fit, no_fit, kept, resume, force)
             )  # fmt: skip
             if started is not None:
                 data, run, record = started

@@ -5,6 +5,7 @@ committed tables validate against their presets and studies."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -47,9 +48,26 @@ def test_a_budget_too_short_for_the_smallest_model_is_refused_with_the_budget_th
     with pytest.raises(ValueError) as refused:
         choose(TABLE, {"small": 0.4, "large": 0.6}, budget=100)
     message = str(refused.value)
-    assert "train.time_budget=100 s affords 250 updates of the smallest model" in message
+    assert "train.time_budget=100 s affords 250 updates of the fastest model" in message
     assert "fewer than the 1,000 its study starts at; give --train.time_budget=400 or more" in message
     assert "--train.fit=false" in message
+
+
+def test_a_candidate_short_of_its_studys_first_budget_is_not_chosen() -> None:
+    # The large model would make 900 updates: below its study's first budget its score is a guess
+    # (held at its 1,000-update score, 6.0, over the small model's 5.0), so the small one is chosen.
+    table = FitTable("p", "s", (Candidate("small", {}, {1000: 5.0}), Candidate("large", {}, {1000: 6.0})))
+    choice = choose(table, {"small": 0.5, "large": 1.0}, budget=900)
+    assert choice.chosen == "small" and choice.updates == {"small": 1800, "large": 900}
+
+
+def test_max_steps_caps_the_updates_each_candidate_is_scored_at() -> None:
+    # 600 s would give the large model 4,000 updates (16.0), but max_steps stops both at 1,200.
+    choice = choose(TABLE, {"small": 0.1, "large": 0.15}, budget=600, max_steps=1200)
+    assert choice.updates == {"small": 1200, "large": 1200} and choice.chosen == "small"
+    refused = r"train.max_steps=999 is fewer than the 1,000 updates .*--train.max_steps=1000"
+    with pytest.raises(ValueError, match=refused):
+        choose(TABLE, {"small": 0.1, "large": 0.15}, budget=600, max_steps=999)
 
 
 def test_measure_times_each_candidate_on_the_clock_it_is_given() -> None:
@@ -76,6 +94,10 @@ def test_explicit_options_win_and_turn_the_fit_off(tiny_table: FitTable) -> None
     key = sorted(table.keys)[0]
     off, why = fit_for(table.preset, [key, "train.seed"], True, 600.0)
     assert off is None and why == f"explicit --{key} (explicit options win)"
+    # Any model option: the study scored its candidates' models, not one with another depth.
+    deeper = fit_for(table.preset, ["model.n_layers"], True, 600.0)
+    assert deeper == (None, "explicit --model.n_layers (explicit options win)")
+    assert fit_for(table.preset, ["train.lr", "train.max_steps"], True, 600.0) == (table, "")
     assert fit_for(table.preset, [], False, 600.0) == (None, "train.fit=false")
     assert fit_for(table.preset, [], True, None) == (None, "no time budget to fit")
     assert fit_for("gpt-tiny", [], True, 600.0) == (None, "")
@@ -153,6 +175,20 @@ def test_a_fitted_run_on_the_forced_avx2_path_saves_its_choices_and_resumes_bit_
         assert torch.equal(x, y), name
 
 
+def test_a_run_resumed_before_its_first_checkpoint_keeps_its_record(
+    tmp_path: Path, pairs: Path, tiny_table: FitTable, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    base = ["train", "--preset", "transformer-tiny", "--data.path", str(pairs), *FAST, "--out", str(tmp_path / "r")]
+    assert main(base) == 0
+    first = record(tmp_path / "r")
+    shutil.rmtree(tmp_path / "r" / "checkpoints")  # as if killed before its first checkpoint
+    (tmp_path / "r" / "metrics.jsonl").unlink()
+    monkeypatch.setattr(run_module, "choose", lambda *a: pytest.fail("a resumed run measured again"))
+    assert main([*base, "--resume"]) == 0
+    assert record(tmp_path / "r") == first and "machine fit: narrow:" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["model"]["d_model"] == 32
+
+
 def test_explicit_model_options_are_trained_as_given(
     tmp_path: Path, pairs: Path, tiny_table: FitTable, capsys: pytest.CaptureFixture
 ) -> None:
@@ -169,7 +205,8 @@ def test_explicit_model_options_are_trained_as_given(
         ("avx3", [], "ATTNKIT_CPU_CLASS=avx3 is not a CPU class; use auto or one of"),
         (None, ["--train.cpu_class=avx3"], "--train.cpu_class=avx3: expected one of"),
         (None, ["--train.precision=fp8"], "--train.precision=fp8: expected one of"),
-        (None, ["--train.time_budget=0.01"], "train.time_budget=0.01 s affords 0 updates of the smallest model"),
+        (None, ["--train.time_budget=0.01"], "train.time_budget=0.01 s affords 0 updates of the fastest model"),
+        (None, ["--train.time_budget=0.01", "--resume"], "train.time_budget=0.01 s affords 0 updates"),
     ],
 )
 def test_bad_machine_options_are_one_line_exit_2_and_write_nothing(
