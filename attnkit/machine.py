@@ -134,7 +134,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def native_bf16(device: torch.device, requested: str = "auto") -> bool:
+def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` computes bf16 natively (CUDA with bf16, or a CPU of class
     avx512-bf16 as :func:`cpu_class` sees it), so that bf16 speeds work up rather than
     emulating it."""
@@ -142,7 +142,7 @@ def native_bf16(device: torch.device, requested: str = "auto") -> bool:
         import torch
 
         return torch.cuda.is_bf16_supported()
-    return cpu_class(requested).native_bf16
+    return cpu_class().native_bf16
 
 
 # The flags that decide which kernels are fast, recorded with every measurement.

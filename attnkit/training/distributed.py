@@ -58,15 +58,15 @@ def resolve_precision(precision: str, device: torch.device, cpu: str = "auto") -
 
 def precision_choice(precision: str, device: torch.device, cpu: str = "auto") -> tuple[str, str]:
     """``train.precision`` made concrete, and why, in words for the user: e.g. ("fp32", "AVX2
-    without native bf16: fp32")."""
+    without native bf16: fp32 (train.precision=auto; it emulates bf16, slower than fp32)")."""
     if precision == "fp16" and device.type != "cuda":
         raise ValueError("train.precision=fp16 needs a CUDA device; on a CPU use bf16 (or auto)")
+    taken = cpu_class(cpu)  # validated on every device: a bad class is refused before a run starts
     if device.type == "cuda":
         name = f"CUDA ({torch.cuda.get_device_name(device)})"
         native = native_bf16(device)
         what = "computes bf16 natively" if native else "has no bf16"
     else:
-        taken = cpu_class(cpu)
         name, native = taken.describe(), taken.native_bf16
         what = "computes bf16 natively" if native else "emulates bf16, slower than fp32"
     if precision == "auto":
