@@ -102,7 +102,7 @@ def vocab_cross_entropy(
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"label smoothing epsilon must be in [0, 1), got {epsilon}")
     if h.shape[0] == 0:  # no target in the batch: a zero that still reaches every parameter
-        zero = (h.sum() * 0.0 + weight.sum() * 0.0).float()
+        zero = (h.sum() * 0.0 + weight.sum() * 0.0 + (0.0 if bias is None else bias.sum() * 0.0)).float()
         none = torch.zeros((), dtype=torch.long, device=h.device)
         return VocabLoss(zero, 0, none, zero.detach())
     total, correct, nll = _VocabCrossEntropy.apply(h, weight, bias, targets, float(epsilon))

@@ -59,6 +59,17 @@ def test_rows_without_a_target_never_reach_the_vocabulary() -> None:
     assert none.tokens == 0 and float(none.total.detach()) == 0.0 and int(none.correct) == 0
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_batch_without_targets_is_a_zero_that_reaches_every_parameter(bias: bool) -> None:
+    # Under DDP every parameter must get a gradient each step, even where a batch has no target.
+    h, w, b, _ = inputs(bias=bias)
+    loss = vocab_cross_entropy(h[:0], w, b, torch.zeros(0, dtype=torch.long))
+    assert loss.tokens == 0 and int(loss.correct) == 0 and float(loss.total.detach()) == 0.0
+    leaves = [t for t in (h, w, b) if t is not None]
+    for leaf, grad in zip(leaves, torch.autograd.grad(loss.total, leaves), strict=True):
+        assert_close(grad, torch.zeros_like(leaf))
+
+
 def test_bad_smoothing_is_refused() -> None:
     h, w, b, y = inputs()
     with pytest.raises(ValueError, match="label smoothing epsilon must be in"):
