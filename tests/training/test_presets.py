@@ -28,8 +28,8 @@ def test_the_demo_preset_is_the_recipe_of_the_study() -> None:
     assert train.precision == "auto" and train.device == "auto"  # bf16 where native; a GPU when there is one
 
 
-@pytest.mark.parametrize("name", sorted(n for n, (_, _, train, _) in RUN_PRESETS.items() if train.get("init")))
-def test_fine_tuning_presets_fit_their_schedule_to_the_budget(name: str) -> None:
+@pytest.mark.parametrize("name", ["minilm-classify", "minilm-testament"])
+def test_the_classifier_presets_fit_their_schedule_to_the_budget(name: str) -> None:
     """A pretrained model's size is given: what fits the machine is the schedule, which decays
     to the end of the time budget at the step rate measured over the warm-up, capped at max_steps."""
     train = run_preset(name).train
