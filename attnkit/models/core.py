@@ -235,7 +235,7 @@ class EncoderDecoderModel(Model):
         cache: DecoderCache | None = None,
         record: AttentionRecord | None = None,
         head: bool = True,
-    ) -> tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor | None]:
         """Target ids (B, T) (only the new ones when ``cache`` holds the rest) -> hidden
         states and logits (B, T, vocab); the hidden states alone (logits None) without
         ``head``. ``decoder_attention_mask`` covers all positions."""
@@ -244,7 +244,7 @@ class EncoderDecoderModel(Model):
         mask = _key_mask(decoder_attention_mask, decoder_input_ids, "decoder_attention_mask", offset)
         x = self.decoder_embeddings(decoder_input_ids, offset)
         h = self.decoder(x, memory, mask=mask, memory_mask=memory_mask, cache=cache, record=record)
-        return h, self.head(h, self.decoder_embeddings.token.weight) if head else None  # type: ignore[return-value]
+        return h, self.head(h, self.decoder_embeddings.token.weight) if head else None
 
     def forward(
         self,

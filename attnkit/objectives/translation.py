@@ -27,9 +27,11 @@ class Translation:
 
     A pair (src, tgt) becomes ``input_ids = src + [eos]``, ``decoder_input_ids = [bos] + tgt``
     (teacher forcing: [fig:att-transformer]'s "Outputs (shifted right)") and
-    ``labels = tgt + [eos]``. The loss is :func:`label_smoothed_nll` with ε = ``label_smoothing``
-    (0.1 in the paper): the uniform distribution over the whole vocabulary mixed into the
-    one-hot target, torch's form; fairseq's ε / (V - 1) variant differs slightly (see there).
+    ``labels = tgt + [eos]``. The loss is the label-smoothed cross entropy with ε =
+    ``label_smoothing`` (0.1 in the paper): the uniform distribution over the whole vocabulary
+    mixed into the one-hot target, torch's form; fairseq's ε / (V - 1) variant differs slightly
+    (see :func:`label_smoothed_nll`, the readable path on logits). Training computes it fused
+    with the head (:func:`attnkit.nn.vocab_loss.vocab_cross_entropy`), tested equal.
     ``max_len`` (None = no limit) keeps the first ``max_len - 1`` tokens of each side, so the
     encoder input and the labels, ``eos`` included, are at most ``max_len`` long.
     """
