@@ -45,11 +45,18 @@ def build_t5(cfg: ModelConfig) -> EncoderDecoderModel:
 
 def _init_t5(model: EncoderDecoderModel, cfg: ModelConfig) -> None:
     """T5's initialisation (Mesh TensorFlow): each matrix N(0, fan_in^-0.5), with W^Q's further
-    divided by √d_k, which stands in for the missing 1/√d_k."""
+    divided by √d_k, which stands in for the missing 1/√d_k; the embedding N(0, 1).
+
+    The untied head (v1.1) is a matrix like the others: N(0, d_model^-0.5), so that the final
+    RMSNorm's output (each element ~1) gives logits of std ~1 and an untrained model a loss
+    near ln V. ``transformers``' T5 draws it N(0, 1) instead: logits of std √d_model (16 at
+    d_model 256) and an initial loss of tens of nats, which Adam spends its first thousands of
+    steps undoing (its pull request 26441). The tied head (v1.0) reuses the N(0, 1) embedding
+    and scales the hidden state by d_model^-0.5 instead (``head_scale``)."""
     d_k = cfg.d_k or cfg.d_model // cfg.n_heads
     nn.init.normal_(model.embeddings.token.weight, std=1.0)
     if model.head.weight is not None:
-        nn.init.normal_(model.head.weight, std=1.0)
+        nn.init.normal_(model.head.weight, std=cfg.d_model**-0.5)
     for stack in (model.encoder, model.decoder):
         nn.init.normal_(stack.position_bias.embedding.weight, std=cfg.d_model**-0.5)
         for layer in stack.layers:
