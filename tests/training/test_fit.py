@@ -189,6 +189,22 @@ def test_a_run_resumed_before_its_first_checkpoint_keeps_its_record(
     assert json.loads((tmp_path / "r" / "run.json").read_text())["model"]["d_model"] == 32
 
 
+def test_the_probe_times_a_step_of_batches_per_step_batches(
+    tmp_path: Path, pairs: Path, tiny_table: FitTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes = []
+    step = run_module.Trainer._step
+
+    def counted(self, batches):  # every step trained, the probe's included
+        sizes.append(len(batches))
+        return step(self, batches)
+
+    monkeypatch.setattr(run_module.Trainer, "_step", counted)
+    argv = ["train", "--preset", "transformer-tiny", "--data.path", str(pairs), *FAST, "--train.batches_per_step=2"]
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 0
+    assert record(tmp_path / "r")["fit"] is not None and len(sizes) > 10 and set(sizes) == {2}
+
+
 def test_explicit_model_options_are_trained_as_given(
     tmp_path: Path, pairs: Path, tiny_table: FitTable, capsys: pytest.CaptureFixture
 ) -> None:

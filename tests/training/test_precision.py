@@ -24,6 +24,12 @@ def test_fp16_on_a_cpu_is_refused() -> None:
         resolve_precision("fp16", torch.device("cpu"))
 
 
+def test_a_bad_cpu_class_is_refused_on_a_gpu_too() -> None:
+    # Checked before the device is asked anything: a machine with a GPU refuses it as one without.
+    with pytest.raises(ValueError, match=r"train\.cpu_class='avx3' is not a CPU class"):
+        resolve_precision("auto", torch.device("cuda"), "avx3")
+
+
 def test_bf16_autocast_trains(tmp_path: Path, corpus: Path) -> None:
     run = apply_overrides(
         run_preset("gpt-tiny"),
