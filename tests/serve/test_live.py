@@ -114,10 +114,23 @@ def test_32_clients_of_mixed_requests(gpt_dir: Path, serving: Callable) -> None:
         assert process.poll() is None and httpx.get(f"{url}/health").json()["status"] == "ok"
 
 
-def _metric(url: str, name: str) -> float:
-    found = re.search(rf"^{re.escape(name)} (\S+)$", httpx.get(f"{url}/metrics").text, re.MULTILINE)
+def _completions_arrived(url: str) -> int:
+    """Completion requests the server has received: in flight (less the /metrics request
+    itself) plus those answered."""
+    text = httpx.get(f"{url}/metrics").text
+    in_flight = int(float(_metric_in(text, "attnkit_in_flight_requests")))
+    answered = re.findall(r'^attnkit_requests_total\{endpoint="/v1/completions",[^}]*\} (\d+)$', text, re.MULTILINE)
+    return in_flight - 1 + sum(int(n) for n in answered)
+
+
+def _metric_in(text: str, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     assert found is not None, name
     return float(found.group(1))
+
+
+def _metric(url: str, name: str) -> float:
+    return _metric_in(httpx.get(f"{url}/metrics").text, name)
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -173,7 +186,12 @@ def test_sigterm_finishes_every_request_in_flight(gpt_dir: Path, serving: Callab
         for thread in threads:
             thread.start()
         assert first.wait(60)
-        time.sleep(0.05)  # let every request arrive
+        # Every request has arrived (on a loaded machine 50 ms was not always enough): those in
+        # flight, less the /metrics request that counts them, and those already answered.
+        deadline = time.monotonic() + 60
+        while _completions_arrived(url) < 12:
+            assert time.monotonic() < deadline, "the 12 requests did not all reach the server in 60 s"
+            time.sleep(0.01)
         process.send_signal(signal.SIGTERM)
         late = None
         with contextlib.suppress(httpx.TransportError):  # already closed: refused is fine too
