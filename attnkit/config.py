@@ -122,6 +122,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name} ({value}) must be in [0, vocab_size={self.vocab_size})")
+        _check_used(self)
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -137,6 +138,44 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# The fields each family's build function never reads: any value but the default would change
+# nothing, which in a study is a trap, so it is refused. A field used by some families only
+# (T5's relative bias, BERT's segments and pooler, the fan-in initialisation of T5 and the
+# Glorot one of the Transformer, which take no init_std) is listed under the others.
+UNUSED: dict[str, tuple[str, ...]] = {
+    "transformer": (
+        "relative_buckets", "relative_max_distance", "type_vocab_size", "embedding_norm", "head_scale", "lm_head",
+        "pooler", "init_std",
+    ),
+    "bert": ("n_decoder_layers", "relative_buckets", "relative_max_distance", "head_scale"),
+    "gpt": (
+        "n_decoder_layers", "relative_buckets", "relative_max_distance", "type_vocab_size", "embedding_norm",
+        "head_scale", "lm_head", "pooler",
+    ),
+    "t5": ("type_vocab_size", "embedding_norm", "scale_embeddings", "init_std", "lm_head", "pooler"),
+}  # fmt: skip
+
+
+def _check_used(cfg: ModelConfig) -> None:
+    """Refuse a field that ``cfg``'s family does not use (:data:`UNUSED`), naming family and key."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    for name in UNUSED[cfg.family]:
+        if getattr(cfg, name) != defaults[name]:
+            raise ValueError(
+                f"a {cfg.family} model does not use model.{name} (got {getattr(cfg, name)!r}: it would change "
+                f"nothing); remove it, or leave it at {defaults[name]!r}"
+            )
+    if cfg.family == "t5" and cfg.positional != "relative":
+        raise ValueError(
+            f"a t5 model's positions are its relative bias: model.positional must be 'relative', got {cfg.positional!r}"
+        )
+    if cfg.positional != "rotary" and cfg.rope_theta != defaults["rope_theta"]:
+        raise ValueError(
+            f"model.rope_theta ({cfg.rope_theta}) is used by rotary positions only, and positional is "
+            f"{cfg.positional!r}; remove it, or set positional='rotary'"
+        )
 
 
 def _matches(value: Any, hint: Any) -> bool:
@@ -383,6 +422,14 @@ OBJECTIVES: dict[str, Objective] = {
     "bert": "masked_lm",
     "t5": "span_corruption",
 }
+# The families each objective trains (translation: either encoder–decoder; classify: an encoder).
+OBJECTIVE_FAMILIES: dict[str, tuple[str, ...]] = {
+    "translation": ("transformer", "t5"),
+    "causal_lm": ("gpt",),
+    "masked_lm": ("bert",),
+    "span_corruption": ("t5",),
+    "classify": ("bert",),
+}
 
 
 @dataclass(frozen=True)
@@ -538,6 +585,15 @@ class RunConfig:
     model: ModelConfig
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()
+
+    def __post_init__(self) -> None:
+        families = OBJECTIVE_FAMILIES[self.objective]
+        if self.model.family not in families:
+            raise ValueError(
+                f"train.objective={self.objective} trains {' or '.join(families)} models, not {self.model.family}; "
+                f"use a {families[0]} model, or --train.objective={OBJECTIVES[self.model.family]} "
+                f"({self.model.family}'s own)"
+            )
 
     @property
     def objective(self) -> Objective:

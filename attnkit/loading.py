@@ -15,9 +15,9 @@ import torch
 
 from attnkit.interop.hf import load_hf
 from attnkit.models import Model, load_saved
-from attnkit.models.io import CONFIG, FORMAT, attach_tokenizer, read_json, refuse_pickles
+from attnkit.models.io import CONFIG, FORMAT, read_json, refuse_pickles
 from attnkit.models.weights import check_format, to_format
-from attnkit.training.checkpoint import CHECKPOINTS, latest_checkpoint
+from attnkit.training.checkpoint import CHECKPOINTS, run_model
 
 
 def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
@@ -41,18 +41,9 @@ def _load(directory: Path) -> Model:
             f"{directory} is not a directory; pass a directory written by save_pretrained (or a .gguf file)"
         )
     if not (directory / CONFIG).exists() and (directory / CHECKPOINTS).is_dir():
-        return _from_run(directory)
+        return run_model(directory)
     refuse_pickles(directory)
     data = read_json(directory / CONFIG)
     if data.get("format") != FORMAT:
         return load_hf(directory, data)
     return load_saved(directory, data)
-
-
-def _from_run(run_dir: Path) -> Model:
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
-        raise FileNotFoundError(f"{run_dir} is a run directory without a complete checkpoint yet; train it further")
-    model = load_saved(checkpoint)
-    attach_tokenizer(model, run_dir)
-    return model

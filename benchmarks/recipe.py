@@ -187,8 +187,43 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
         "scoring_seconds": time.perf_counter() - scoring,
         "signature": greedy.signature,
         "valid_bleu_greedy_200": final.get("bleu_greedy"),  # the first 200 validation verses, as the trainer scores
+        "outputs_repeating_a_3gram": _new_repeats(greedy.hypotheses, pairs),
+        "tasks": _per_task(pairs, greedy.hypotheses, beam.hypotheses) if run.data.tasks else {},
         **tuned,
     }
+
+
+def _per_task(
+    pairs: list[tuple[str, str]], greedy: list[str], beam: list[str]
+) -> dict[str, dict[str, float | int]]:
+    """A text-to-text run's scores per task (its sources carry the task's prefix), beside the
+    score of copying the source unchanged (the bar "modernize" has to clear)."""
+    import sacrebleu
+
+    from attnkit.data.corpora import task_of
+
+    by_task: dict[str, list[int]] = {}
+    for i, (source, _) in enumerate(pairs):
+        by_task.setdefault(task_of(source) or "", []).append(i)
+    scores = {}
+    for task, rows in by_task.items():
+        refs = [[pairs[i][1] for i in rows]]
+        copies = [pairs[i][0].removeprefix(f"{task}: ") for i in rows]
+        mine = [greedy[i] for i in rows]
+        scores[task] = {
+            "sentences": len(rows),
+            "bleu_greedy": sacrebleu.corpus_bleu(mine, refs).score,
+            "bleu_beam4": sacrebleu.corpus_bleu([beam[i] for i in rows], refs).score,
+            "chrf_greedy": sacrebleu.corpus_chrf(mine, refs).score,
+            "bleu_copy": sacrebleu.corpus_bleu(copies, refs).score,
+            "outputs_repeating_a_3gram": _new_repeats(mine, [pairs[i] for i in rows]),
+        }
+    return scores
+
+
+def _new_repeats(hypotheses: list[str], pairs: list[tuple[str, str]]) -> int:
+    """Outputs that repeat a 3-gram where their reference repeats none."""
+    return sum(_repeats_a_trigram(h) and not _repeats_a_trigram(r) for h, (_, r) in zip(hypotheses, pairs, strict=True))
 
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -249,10 +284,14 @@ def study(
             ] + [row]
             out.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+            tasks = "".join(
+                f"; {task} {s['bleu_greedy']:.2f} (copy {s['bleu_copy']:.2f})" for task, s in result["tasks"].items()
+            )
             print(
                 f"{variant} seed {seed} ({budget_label}): {result['steps']} steps, "
                 f"{result['target_tokens_per_s']:,.0f} target tok/s, BLEU {result['bleu_greedy']:.2f} greedy / "
-                f"{result['bleu_beam4']:.2f} beam-4 on {split}; load {load_before:.2f} -> {row['load_after']:.2f}",
+                f"{result['bleu_beam4']:.2f} beam-4 on {split}{tasks}; load {load_before:.2f} -> "
+                f"{row['load_after']:.2f}",
                 flush=True,
             )
     return payload

@@ -16,8 +16,8 @@ from attnkit.config import RunConfig
 from attnkit.data import corpora
 from attnkit.data.batching import TokenBatches, split_train_valid
 from attnkit.data.files import read_labeled, read_lines, read_pairs
-from attnkit.data.specials import SPECIAL_TOKENS, ModelSpecials, Specials
-from attnkit.data.tokenizer import encode_batch, load_tokenizer, specials_of, train_tokenizer
+from attnkit.data.specials import ModelSpecials, Specials
+from attnkit.data.tokenizer import encode_batch, has_specials, load_tokenizer, specials_of, train_tokenizer
 
 
 @dataclass
@@ -139,7 +139,7 @@ def load_data(run: RunConfig, tokenizer: Tokenizer | None, specials: ModelSpecia
         ]
         if not parts[0] or not parts[1]:
             raise ValueError("the corpus gave no usable training or validation example; check data.path")
-        specials = specials_of(tokenizer) if tokenizer.token_to_id(SPECIAL_TOKENS[0]) is not None else None
+        specials = specials_of(tokenizer) if has_specials(tokenizer) else None
         return Data(tokenizer, specials, *parts, labels=labels)
     if tokenizer is None:  # one vocabulary for source and target, as the paper's shared BPE
         lines = (

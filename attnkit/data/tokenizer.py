@@ -81,6 +81,11 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         ) from None
 
 
+def has_specials(tokenizer: Tokenizer | None) -> bool:
+    """Whether ``tokenizer`` is attnkit's: it holds attnkit's special tokens."""
+    return tokenizer is not None and tokenizer.token_to_id(SPECIAL_TOKENS[0]) is not None
+
+
 def specials_of(tokenizer: Tokenizer) -> Specials:
     """The ids of attnkit's special tokens in ``tokenizer``'s vocabulary."""
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}

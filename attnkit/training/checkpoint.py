@@ -27,7 +27,17 @@ import torch
 from safetensors import SafetensorError
 from torch import Tensor
 
-from attnkit.models.io import CONFIG, FORMAT, FORMAT_VERSION, WEIGHTS, load_safetensors, read_json, write_directory
+from attnkit.models import Model, load_saved
+from attnkit.models.io import (
+    CONFIG,
+    FORMAT,
+    FORMAT_VERSION,
+    WEIGHTS,
+    attach_tokenizer,
+    load_safetensors,
+    read_json,
+    write_directory,
+)
 
 CHECKPOINTS = "checkpoints"
 MARKER = "COMPLETE"
@@ -173,3 +183,14 @@ def load_checkpoint(path: Path) -> tuple[dict[str, Tensor], dict[str, Any], dict
     optimizer = _optimizer_state(optimizer_tensors, trainer_state.pop("optimizer"))
     set_rng_states(rng, trainer_state.pop("python_rng"))
     return weights, optimizer, trainer_state
+
+
+def run_model(run_dir: Path) -> Model:
+    """The model of a training run's directory: its latest complete checkpoint, with the run's
+    tokenizer."""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise FileNotFoundError(f"{run_dir} is a run directory without a complete checkpoint yet; train it further")
+    model = load_saved(checkpoint)
+    attach_tokenizer(model, run_dir)
+    return model

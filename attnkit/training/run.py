@@ -20,12 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 
-from attnkit.config import ModelConfig, RunConfig, apply_overrides, run_from_dict
+from attnkit.config import OBJECTIVE_FAMILIES, OBJECTIVES, ModelConfig, RunConfig, apply_overrides, run_from_dict
 from attnkit.data.batching import StepBatches
 from attnkit.data.prepare import Data, batch_positions, load_data, train_batches
 from attnkit.data.specials import ModelSpecials, Specials
-from attnkit.data.tokenizer import load_tokenizer
+from attnkit.data.tokenizer import has_specials, load_tokenizer
 from attnkit.machine import cpu_class
 from attnkit.models import Model, build_model
 from attnkit.models.io import load_weights
@@ -43,6 +44,7 @@ from attnkit.training.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     remove_interrupted,
+    run_model,
 )
 from attnkit.training.distributed import World
 from attnkit.training.evaluate import evaluate
@@ -79,8 +81,9 @@ def _named(name: str) -> Path:
 
 
 def pretrained(run: RunConfig) -> Model | None:
-    """The model ``train.init`` names (attnkit's or a Hugging Face directory, a Llama GGUF file,
-    or one of :data:`PRETRAINED`), loaded; None without one."""
+    """The model ``train.init`` names (attnkit's, a training run's or a Hugging Face directory,
+    a Llama GGUF file, or one of :data:`PRETRAINED`), loaded; None without one. Its family must
+    be one that the run's objective trains (:data:`~attnkit.config.OBJECTIVE_FAMILIES`)."""
     from attnkit.interop.hf import load_hf
     from attnkit.models import load_saved
     from attnkit.models.io import CONFIG, FORMAT, read_json, refuse_pickles
@@ -92,24 +95,34 @@ def pretrained(run: RunConfig) -> Model | None:
     if directory.suffix == ".gguf" and directory.is_file():
         from attnkit.interop.gguf import load_gguf
 
-        return load_gguf(directory)
-    if not (directory / CONFIG).is_file():
+        model = load_gguf(directory)
+    elif (directory / CONFIG).is_file():
+        refuse_pickles(directory)
+        data = read_json(directory / CONFIG)
+        model = load_saved(directory, data) if data.get("format") == FORMAT else load_hf(directory, data)
+    elif (directory / CHECKPOINTS).is_dir():  # a training run: its latest checkpoint
+        model = run_model(directory)
+    else:
         raise ValueError(
-            f"train.init={run.train.init!r} is not a model directory (no {CONFIG}); give one written by "
-            f"save_pretrained or a Hugging Face one, or a known name ({', '.join(PRETRAINED)})"
+            f"train.init={init!r} is not a model directory (no {CONFIG}) nor a training run's; give one written by "
+            f"save_pretrained, a Hugging Face one, a run directory, or a known name ({', '.join(PRETRAINED)})"
         )
-    refuse_pickles(directory)
-    data = read_json(directory / CONFIG)
-    model = load_saved(directory, data) if data.get("format") == FORMAT else load_hf(directory, data)
+    families = OBJECTIVE_FAMILIES[run.objective]
+    if model.config.family not in families:
+        raise ValueError(
+            f"train.init={init!r} is a {model.config.family} model, and the {run.objective} objective trains "
+            f"{' or '.join(families)}: give a {families[0]} model, or train it with its own objective "
+            f"(--train.objective={OBJECTIVES[model.config.family]})"
+        )
     if getattr(model, "tokenizer", None) is None:
-        raise ValueError(f"train.init={run.train.init!r} has no tokenizer to fine-tune with; use a directory with one")
+        raise ValueError(f"train.init={init!r} has no tokenizer to fine-tune with; use a directory with one")
     return model
 
 
-def _model_specials(run: RunConfig, cfg: ModelConfig | None) -> ModelSpecials | None:
-    """A fine-tuned language model's own special ids, from its config ``cfg`` (its tokenizer is
-    not attnkit's); None where the run needs none."""
-    if cfg is None or run.train.init is None or run.objective == "classify":
+def _model_specials(run: RunConfig, cfg: ModelConfig | None, tokenizer: Tokenizer | None) -> ModelSpecials | None:
+    """A fine-tuned model's own special ids, from its config ``cfg``, where its ``tokenizer`` is
+    not attnkit's; None where the run needs none (attnkit's tokenizer names its own)."""
+    if cfg is None or run.train.init is None or run.objective == "classify" or has_specials(tokenizer):
         return None
     eos = cfg.eos_token_id
     if eos is None:
@@ -138,7 +151,8 @@ def _start(
     into ``run_dir`` once they are known to make batches (not before: a run refused until then
     leaves nothing behind)."""
     base_config = None if base is None else base.config
-    data = prepared or load_data(run, None if base is None else base.tokenizer, _model_specials(run, base_config))
+    tokenizer = None if base is None else base.tokenizer
+    data = prepared or load_data(run, tokenizer, _model_specials(run, base_config, tokenizer))
     record = kept
     if record is None:
         precision, reason = distributed.precision_choice(run.train.precision, world.device, run.train.cpu_class)
@@ -224,8 +238,6 @@ def model_config_for(run: RunConfig, data: Data, base: ModelConfig | None = None
     """The run with the model's vocabulary and special ids taken from the tokenizer; a
     fine-tuning run's model is ``base`` (the pretrained one's) with the task's head added."""
     if run.objective == "classify":
-        if run.model.family != "bert":
-            raise ValueError(f"classification fine-tunes an encoder (BERT family), not a {run.model.family} model")
         head = dict(labels=data.labels, lm_head=False, classifier_pooling=run.model.classifier_pooling)
         if base is not None:
             return RunConfig(model=base.replace(dropout=run.model.dropout, **head), train=run.train, data=run.data)
@@ -234,9 +246,7 @@ def model_config_for(run: RunConfig, data: Data, base: ModelConfig | None = None
         pad = data.specials.pad
         model = run.model.replace(vocab_size=data.tokenizer.get_vocab_size(), pad_token_id=pad, **head)
         return RunConfig(model=model, train=run.train, data=run.data)
-    if run.train.init is not None:  # a fine-tuned language model: the pretrained one, with adapters if asked
-        if run.objective != "causal_lm":
-            raise ValueError(f"train.init fine-tunes classifiers and language models (causal_lm), not {run.objective}")
+    if run.train.init is not None:  # fine-tuning: the pretrained model, with adapters if asked
         if base is None:  # resumed: run.json holds the model already
             return run
         lora = dict(lora_rank=run.model.lora_rank, lora_alpha=run.model.lora_alpha, lora_targets=run.model.lora_targets)
@@ -390,8 +400,8 @@ def train(
                     say(line)
         if data is None:  # resumed, or another rank of a new run
             saved, record = read_run_config(run_dir)
-            specials = _model_specials(saved, saved.model)
-            data = prepared or load_data(run, load_tokenizer(run_dir / TOKENIZER), specials)
+            tokenizer = load_tokenizer(run_dir / TOKENIZER)
+            data = prepared or load_data(run, tokenizer, _model_specials(saved, saved.model, tokenizer))
             if record is not None and record.fit is not None:  # the machine's choice, kept
                 run = apply_overrides(run, record.fit["changes"])
             if checkpoint is not None and record is not None and world.is_main:

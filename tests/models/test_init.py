@@ -4,13 +4,14 @@ less), and T5's matrices are drawn as its reference (Mesh TensorFlow) draws them
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 import attnkit
-from attnkit.config import PRESETS, preset
+from attnkit.config import PRESETS, UNUSED, preset
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -58,3 +59,53 @@ def test_t5_draws_each_matrix_as_mesh_tensorflow_does(tied: bool) -> None:
         # A sample std of n draws is off by about 1/√(2n) of itself: four of those allowed.
         within = 4 / math.sqrt(2 * params[name].numel())
         assert float(params[name].std()) == pytest.approx(std, rel=within), name
+
+
+def _family_presets() -> dict[str, str]:
+    """One small preset per family (the llama-shaped GPT is a GPT with rotary positions)."""
+    return {"transformer": "transformer-tiny", "bert": "bert-tiny", "gpt": "gpt-tiny", "t5": "t5-tiny"}
+
+
+def _changed(value: object) -> object:
+    """A value different from a field's default, of the same type."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, float):
+        return value * 3
+    if isinstance(value, int):
+        return value + 2
+    return 2  # None (n_decoder_layers): a number
+
+
+@pytest.mark.parametrize("family", sorted(UNUSED))
+def test_a_key_the_family_does_not_use_is_refused_and_truly_changes_nothing(family: str) -> None:
+    cfg = preset(_family_presets()[family])
+    torch.manual_seed(0)
+    reference = attnkit.build_model(cfg).state_dict()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(3, cfg.vocab_size, (2, 9), generator=g)
+    inputs = dict(input_ids=x, decoder_input_ids=x) if cfg.is_encoder_decoder else dict(input_ids=x)
+    for name in UNUSED[family]:
+        value = _changed(getattr(cfg, name))
+        with pytest.raises(ValueError, match=rf"^a {family} model does not use model\.{name} \(got {value!r}"):
+            cfg.replace(**{name: value})
+        # The refusal is right: set behind the check's back, the key changes no weight and no output.
+        bypassed = dataclasses.replace(cfg)
+        object.__setattr__(bypassed, name, value)
+        torch.manual_seed(0)
+        model = attnkit.build_model(bypassed).eval()
+        assert model.state_dict().keys() == reference.keys(), name
+        for key, tensor in model.state_dict().items():
+            torch.testing.assert_close(tensor, reference[key], msg=f"{name} changed {key}")
+        torch.manual_seed(0)
+        plain = attnkit.build_model(cfg).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(model(**inputs).logits, plain(**inputs).logits, msg=name)
+
+
+def test_t5_positions_are_its_relative_bias_and_rope_theta_needs_rotary() -> None:
+    with pytest.raises(ValueError, match="^a t5 model's positions are its relative bias: .* got 'learned'"):
+        preset("t5-tiny").replace(positional="learned")
+    with pytest.raises(ValueError, match=r"^model\.rope_theta \(500000\.0\) is used by rotary positions only"):
+        preset("gpt-tiny").replace(rope_theta=500000.0)
+    assert preset("llama-tiny").replace(rope_theta=500000.0).rope_theta == 500000.0  # rotary: honoured

@@ -155,6 +155,9 @@ def test_cli_train_prints_config_and_trains(tmp_path: Path, corpus: Path, capsys
         ("--train.precision=fp8", "expected one of"),
         ("--data.path=/nonexistent.txt", "/nonexistent.txt"),
         ("stray", "unrecognised argument 'stray'"),
+        ("--model.n_decoder_layers=2", "a gpt model does not use model.n_decoder_layers (got 2"),
+        ("--model.rope_theta=5e5", "model.rope_theta (500000.0) is used by rotary positions only"),
+        ("--train.objective=span_corruption", "train.objective=span_corruption trains t5 models, not gpt"),
     ],
 )
 def test_cli_train_bad_options(tmp_path: Path, corpus: Path, capsys: pytest.CaptureFixture, option: str, message: str):
@@ -162,7 +165,7 @@ def test_cli_train_bad_options(tmp_path: Path, corpus: Path, capsys: pytest.Capt
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "r" / "checkpoints").exists()
+    assert not (tmp_path / "r").exists()
 
 
 class StepClock:

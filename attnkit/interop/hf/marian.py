@@ -113,7 +113,6 @@ def config_from_hf(data: dict[str, Any]) -> ModelConfig:
         scale_embeddings=data["scale_embedding"],
         tie_embeddings=True,
         logits_bias=True,
-        init_std=data["init_std"],
         pad_token_id=0 if pad is None else pad,
         bos_token_id=token_id(data, "bos_token_id"),
         eos_token_id=token_id(data, "eos_token_id"),
