@@ -448,7 +448,7 @@ class TrainConfig:
     # Batches of batch_tokens each process trains on per optimiser step: a step of W processes
     # trains on W * batches_per_step consecutive batches, the same at any W for the same product.
     batches_per_step: int = 1
-    optimizer: Literal["adam", "adamw"] = "adam"
+    optimizer: Literal["adam", "adamw", "adafactor"] = "adam"  # adafactor: T5's (betas and eps are Adam's)
     lr: float = 2.0  # peak learning rate, or the Noam multiplier when schedule = "noam"
     betas: tuple[float, float] = (0.9, 0.98)  # the paper's
     eps: float = 1e-9  # the paper's

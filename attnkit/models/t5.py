@@ -45,7 +45,8 @@ def build_t5(cfg: ModelConfig) -> EncoderDecoderModel:
 
 def _init_t5(model: EncoderDecoderModel, cfg: ModelConfig) -> None:
     """T5's initialisation (Mesh TensorFlow): each matrix N(0, fan_in^-0.5), with W^Q's further
-    divided by √d_k, which stands in for the missing 1/√d_k; the embedding N(0, 1).
+    divided by √d_k, which stands in for the missing 1/√d_k (with ``scale_scores`` the scores
+    are scaled instead, and W^Q is drawn as W^K); the embedding N(0, 1).
 
     The untied head (v1.1) is a matrix like the others: N(0, d_model^-0.5), so that the final
     RMSNorm's output (each element ~1) gives logits of std ~1 and an untrained model a loss
@@ -61,7 +62,7 @@ def _init_t5(model: EncoderDecoderModel, cfg: ModelConfig) -> None:
         nn.init.normal_(stack.position_bias.embedding.weight, std=cfg.d_model**-0.5)
         for layer in stack.layers:
             for attn in filter(None, (layer.self_attn, getattr(layer, "cross_attn", None))):
-                nn.init.normal_(attn.w_q.weight, std=(cfg.d_model * d_k) ** -0.5)
+                nn.init.normal_(attn.w_q.weight, std=cfg.d_model**-0.5 * (1 if cfg.scale_scores else d_k**-0.5))
                 nn.init.normal_(attn.w_k.weight, std=cfg.d_model**-0.5)
                 nn.init.normal_(attn.w_v.weight, std=cfg.d_model**-0.5)
                 nn.init.normal_(attn.w_o.weight, std=(cfg.n_heads * d_k) ** -0.5)

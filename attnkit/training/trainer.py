@@ -80,11 +80,17 @@ def step_seed(seed: int, step: int, shard: int, micro: int) -> int:
 
 
 def make_optimizer(model: nn.Module, run: RunConfig) -> torch.optim.Optimizer:
+    """Adam or AdamW (``train.betas``, ``train.eps``), or T5's Adafactor: factored second
+    moments, no momentum, and each step relative to the parameter's own scale — the step is
+    max(1e-3, RMS(θ)) × min(lr, 1/√t), so an embedding drawn N(0, 1) and a query matrix drawn
+    N(0, (d_model·d_k)^-0.5) move by the same fraction of themselves (Shazeer and Stern, 2018)."""
     cfg = run.train
-    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]  # matrices and embeddings
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]  # biases and norms' γ, β
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.optimizer == "adafactor":
+        return torch.optim.Adafactor(groups, lr=cfg.lr)
+    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     # One fused kernel per step instead of a loop over parameters (10% of a small translator's
     # step on the CPU); on other devices, and for FSDP's sharded tensors, torch's own default.
     fused = all(p.device.type == "cpu" and type(p.data) is torch.Tensor for p in model.parameters()) or None

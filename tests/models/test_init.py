@@ -109,3 +109,12 @@ def test_t5_positions_are_its_relative_bias_and_rope_theta_needs_rotary() -> Non
     with pytest.raises(ValueError, match=r"^model\.rope_theta \(500000\.0\) is used by rotary positions only"):
         preset("gpt-tiny").replace(rope_theta=500000.0)
     assert preset("llama-tiny").replace(rope_theta=500000.0).rope_theta == 500000.0  # rotary: honoured
+
+
+def test_t5_with_scaled_scores_draws_its_queries_as_its_keys() -> None:
+    # The 1/√d_k is in the scores, so it is not folded into W^Q a second time.
+    d, d_k = 256, 64
+    cfg = preset("t5-tiny").replace(d_model=d, n_heads=4, d_k=d_k, d_ff=512, scale_scores=True)
+    torch.manual_seed(0)
+    w_q = attnkit.build_model(cfg).encoder.layers[0].self_attn.w_q.weight.detach()
+    assert float(w_q.std()) == pytest.approx(d**-0.5, rel=4 / math.sqrt(2 * w_q.numel()))

@@ -47,8 +47,11 @@ def train_losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, lines) if r["split"] == "train"]
 
 
-def test_exact_resume_mid_epoch_with_dropout_and_accumulation(tmp_path: Path, corpus: Path) -> None:
-    run = tiny_run(corpus, **{"train.max_steps": "12", "train.checkpoint_every": "5", "train.grad_accum": "2"})
+@pytest.mark.parametrize("optimizer", ["adamw", "adafactor"])
+def test_exact_resume_mid_epoch_with_dropout_and_accumulation(tmp_path: Path, corpus: Path, optimizer: str) -> None:
+    # Adafactor (T5's) keeps other state than Adam's: factored second moments, its own step count.
+    steps = {"train.max_steps": "12", "train.checkpoint_every": "5", "train.grad_accum": "2"}
+    run = tiny_run(corpus, **steps, **{"train.optimizer": optimizer})
     train(run, tmp_path / "straight", progress_bar=False)
     train(run, tmp_path / "resumed", progress_bar=False, session_steps=7)  # stops at 7, mid-epoch
     assert latest_checkpoint(tmp_path / "resumed").name == "step-00000007"
