@@ -29,6 +29,7 @@ from typing import Any
 
 from attnkit.config import apply_overrides, run_preset
 from attnkit.training.fit import FIT_TABLES
+from attnkit.training.report import by_task, new_repeats, repeats_a_trigram
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -187,43 +188,20 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
         "scoring_seconds": time.perf_counter() - scoring,
         "signature": greedy.signature,
         "valid_bleu_greedy_200": final.get("bleu_greedy"),  # the first 200 validation verses, as the trainer scores
-        "outputs_repeating_a_3gram": _new_repeats(greedy.hypotheses, pairs),
+        "outputs_repeating_a_3gram": new_repeats(greedy.hypotheses, [r for _, r in pairs]),
         "tasks": _per_task(pairs, greedy.hypotheses, beam.hypotheses) if run.data.tasks else {},
         **tuned,
     }
 
 
-def _per_task(
-    pairs: list[tuple[str, str]], greedy: list[str], beam: list[str]
-) -> dict[str, dict[str, float | int]]:
-    """A text-to-text run's scores per task (its sources carry the task's prefix), beside the
-    score of copying the source unchanged (the bar "modernize" has to clear)."""
-    import sacrebleu
-
-    from attnkit.data.corpora import task_of
-
-    by_task: dict[str, list[int]] = {}
-    for i, (source, _) in enumerate(pairs):
-        by_task.setdefault(task_of(source) or "", []).append(i)
-    scores = {}
-    for task, rows in by_task.items():
-        refs = [[pairs[i][1] for i in rows]]
-        copies = [pairs[i][0].removeprefix(f"{task}: ") for i in rows]
-        mine = [greedy[i] for i in rows]
-        scores[task] = {
-            "sentences": len(rows),
-            "bleu_greedy": sacrebleu.corpus_bleu(mine, refs).score,
-            "bleu_beam4": sacrebleu.corpus_bleu([beam[i] for i in rows], refs).score,
-            "chrf_greedy": sacrebleu.corpus_chrf(mine, refs).score,
-            "bleu_copy": sacrebleu.corpus_bleu(copies, refs).score,
-            "outputs_repeating_a_3gram": _new_repeats(mine, [pairs[i] for i in rows]),
-        }
-    return scores
-
-
-def _new_repeats(hypotheses: list[str], pairs: list[tuple[str, str]]) -> int:
-    """Outputs that repeat a 3-gram where their reference repeats none."""
-    return sum(_repeats_a_trigram(h) and not _repeats_a_trigram(r) for h, (_, r) in zip(hypotheses, pairs, strict=True))
+def _per_task(pairs: list[tuple[str, str]], greedy: list[str], beam: list[str]) -> dict[str, dict[str, Any]]:
+    """A text-to-text run's scores per task, beside the score of copying the source."""
+    beams = by_task(pairs, beam)
+    return {
+        task: {"sentences": s.sentences, "bleu_greedy": s.bleu, "bleu_beam4": beams[task].bleu, "chrf_greedy": s.chrf,
+               "bleu_copy": s.copy_bleu, "outputs_repeating_a_3gram": s.new_repeats}
+        for task, s in by_task(pairs, greedy).items()
+    }  # fmt: skip
 
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -392,7 +370,7 @@ def decoding_study(run_dir: Path, split: str, out: Path) -> str:
     for name, options in DECODINGS:
         start = time.perf_counter()
         scores = score_translations(model, model.tokenizer, pairs, run.data.max_tokens, **options)
-        repeats = sum(_repeats_a_trigram(h) for h in scores.hypotheses)
+        repeats = sum(repeats_a_trigram(h) for h in scores.hypotheses)
         rows.append({"decoding": name, "options": options, "bleu": scores.bleu, "chrf": scores.chrf,
                      "outputs_repeating_a_3gram": repeats, "seconds": time.perf_counter() - start})  # fmt: skip
         print(f"{name}: BLEU {scores.bleu:.2f}, chrF {scores.chrf:.2f}, {repeats} outputs repeat a 3-gram", flush=True)
@@ -408,12 +386,6 @@ def decoding_study(run_dir: Path, split: str, out: Path) -> str:
     table = "\n".join(lines)
     (out / "recipe-decoding.md").write_text(table + "\n", encoding="utf-8")
     return table
-
-
-def _repeats_a_trigram(text: str) -> bool:
-    words = text.split()
-    grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
-    return len(grams) != len(set(grams))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,11 +39,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import attnkit
-    from attnkit.data.corpora import task_of
     from attnkit.data.prepare import encode
     from attnkit.data.tokenizer import specials_of
     from attnkit.training.evaluate import evaluate
-    from attnkit.training.report import score_translations
+    from attnkit.training.report import by_task, score_translations
     from attnkit.training.run import make_objective
 
     saved = saved_run(args.model)
@@ -60,10 +59,12 @@ def run(args: argparse.Namespace) -> int:
         scores = score_translations(model, model.tokenizer, pairs, saved.data.max_tokens, **options)
         result = f"BLEU {scores.bleu:.2f}, chrF {scores.chrf:.2f}"
         print(f"{args.split}: {len(pairs)} sentences, beam {args.num_beams}: {result}")
-        for task in saved.data.tasks:  # text-to-text runs: each task's own score
-            mine = [pair for pair in pairs if task_of(pair[0]) == task]
-            own = score_translations(model, model.tokenizer, mine, saved.data.max_tokens, **options)
-            print(f"  {task}: {len(mine)} sentences: BLEU {own.bleu:.2f}, chrF {own.chrf:.2f}")
+        if saved.data.tasks:  # text-to-text runs: each task's own score, beside copying the source
+            for task, own in by_task(pairs, scores.hypotheses).items():
+                print(
+                    f"  {task}: {own.sentences} sentences: BLEU {own.bleu:.2f}, chrF {own.chrf:.2f} (copying the "
+                    f"source: BLEU {own.copy_bleu:.2f}); {own.new_repeats} outputs repeat a 3-gram"
+                )
         print(f"  {scores.signature}")
         return 0
     if saved.objective == "classify":

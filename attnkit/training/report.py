@@ -50,6 +50,53 @@ def score_translations(
     return Scores(score.score, chrf.score, str(bleu.get_signature()), hypotheses)
 
 
+@dataclass(frozen=True)
+class TaskScores:
+    """One text-to-text task's share of a scored run (its sources carry the task's prefix)."""
+
+    sentences: int
+    bleu: float
+    chrf: float
+    copy_bleu: float  # of the source unchanged, prefix removed: the bar a task that mostly copies must clear
+    new_repeats: int  # outputs repeating a 3-gram where their reference repeats none
+
+
+def by_task(pairs: Sequence[tuple[str, str]], hypotheses: Sequence[str]) -> dict[str, TaskScores]:
+    """sacreBLEU and chrF of ``hypotheses`` for each task of ``pairs`` (sources without a known
+    prefix under ""), beside the BLEU of copying each source."""
+    import sacrebleu
+
+    from attnkit.data.corpora import task_of
+
+    rows: dict[str, list[int]] = {}
+    for i, (source, _) in enumerate(pairs):
+        rows.setdefault(task_of(source) or "", []).append(i)
+    scores = {}
+    for task, mine in rows.items():
+        refs = [pairs[i][1] for i in mine]
+        hyps = [hypotheses[i] for i in mine]
+        copies = [pairs[i][0].removeprefix(f"{task}: ") for i in mine]
+        scores[task] = TaskScores(
+            len(mine),
+            sacrebleu.corpus_bleu(hyps, [refs]).score,
+            sacrebleu.corpus_chrf(hyps, [refs]).score,
+            sacrebleu.corpus_bleu(copies, [refs]).score,
+            new_repeats(hyps, refs),
+        )
+    return scores
+
+
+def repeats_a_trigram(text: str) -> bool:
+    words = text.split()
+    grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
+    return len(grams) != len(set(grams))
+
+
+def new_repeats(hypotheses: Sequence[str], references: Sequence[str]) -> int:
+    """Outputs that repeat a 3-gram where their reference repeats none (a decoding loop)."""
+    return sum(repeats_a_trigram(h) and not repeats_a_trigram(r) for h, r in zip(hypotheses, references, strict=True))
+
+
 @dataclass
 class TranslationReport:
     sentences: int

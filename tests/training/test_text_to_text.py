@@ -76,3 +76,30 @@ def test_a_trained_run_answers_and_is_scored_per_task(tmp_path: Path, capsys: py
     out = capsys.readouterr().out
     for task in TASKS:
         assert f"  {task}: " in out and "BLEU" in out.split(f"  {task}: ")[1].splitlines()[0]
+
+
+def test_each_task_is_scored_as_its_own_corpus_beside_copying() -> None:
+    import sacrebleu
+
+    from attnkit.training.report import by_task
+
+    pairs = [
+        ("modernize: Thou shalt not kill.", "You shall not murder."),
+        ("modernize: Blessed are the meek.", "Blessed are the gentle."),
+        (f"{TASKS[0]}: Blessed are the gentle.", "Heureux les débonnaires."),
+        (f"{TASKS[0]}: You shall not murder.", "Tu ne tueras point."),
+    ]
+    hypotheses = ["You shall not kill.", "Blessed are the meek.", "Heureux les les les les les", "Tu ne tueras point."]
+    scores = by_task(pairs, hypotheses)
+    assert set(scores) == {"modernize", TASKS[0]}
+    for task, rows in (("modernize", [0, 1]), (TASKS[0], [2, 3])):
+        refs = [[pairs[i][1] for i in rows]]
+        hyps = [hypotheses[i] for i in rows]
+        assert scores[task].sentences == 2
+        assert scores[task].bleu == sacrebleu.corpus_bleu(hyps, refs).score
+        assert scores[task].chrf == sacrebleu.corpus_chrf(hyps, refs).score
+    copies = [source.split(": ", 1)[1] for source, _ in pairs]
+    copied = by_task(pairs, copies)  # copying the sources scores exactly the copy baseline
+    assert all(s.bleu == s.copy_bleu for s in copied.values())
+    assert scores["modernize"].copy_bleu == copied["modernize"].bleu
+    assert (scores[TASKS[0]].new_repeats, scores["modernize"].new_repeats) == (1, 0)  # "les les les" loops
