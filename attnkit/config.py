@@ -759,9 +759,9 @@ def run_preset(name: str) -> RunConfig:
 
 
 def _parse_scalar(text: str, hint: Any, key: str) -> Any:
+    if type(None) in _options(hint) and text.lower() in ("null", "none"):  # before str: --train.init=null unsets
+        return None
     for option in _options(hint):
-        if option is type(None) and text.lower() in ("null", "none"):
-            return None
         if option is bool and text.lower() in ("true", "false", "1", "0", "yes", "no"):
             return text.lower() in ("true", "1", "yes")
         if option is int:

@@ -3,5 +3,5 @@
 # In the chapter's order; each names a module of attnkit.chapter with run(ctx) -> Section
 # (attnkit.chapter.figures runs them). Here, torch-free, for the command line's --help.
 EXPERIMENTS: tuple[str, ...] = (
-    "flow", "variance", "positions", "masking", "heads", "complexity", "prenorm", "families",
+    "flow", "variance", "positions", "masking", "heads", "complexity", "prenorm", "families", "transfer",
 )  # fmt: skip

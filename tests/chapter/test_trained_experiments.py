@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnkit import from_pretrained
-from attnkit.chapter import families, heads, prenorm
+from attnkit.chapter import families, heads, prenorm, transfer
 from attnkit.chapter.report import Context, Section
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -175,3 +175,30 @@ def test_every_family_learns_under_its_own_objective(families_section: Section, 
         assert f["parameters"] > 0
         row = f"| {name} | {f['architecture']} |"
         assert row in families_section.text
+
+
+# -- transfer ---------------------------------------------------------------------------
+
+
+def test_pretraining_then_fine_tuning_is_compared_at_equal_total(sections: dict[str, Section], out: Path) -> None:
+    section = sections["transfer"]
+    check_section(section, out)
+    numbers = section.numbers
+    assert numbers["total"] == transfer.TOTAL[True] and numbers["unit"] == "optimiser steps"
+    bert, t5 = numbers["bert"], numbers["t5"]
+    assert {"masked-LM pretrained, then fine-tuned", "random initialisation"} <= set(bert)
+    assert set(t5) == {"span-corruption pretrained, then the tasks", "the tasks alone"}
+    for arms in (bert, t5):
+        for name, arm in arms.items():
+            pretrained = name.startswith(("masked-LM", "span-corruption"))
+            assert (arm["pretraining_seconds"] > 0) == pretrained, name
+            assert (arm["pretraining_loss"] is not None) == pretrained, name
+            assert arm["seconds"] >= arm["pretraining_seconds"] and math.isfinite(arm["valid_loss"])
+            assert f"| {name} |" in section.text
+    for arm in bert.values():
+        assert 0.0 <= arm["macro_f1"] <= 1.0 and 0.0 <= arm["accuracy"] <= 1.0 and arm["verses"] > 0
+    for arm in t5.values():
+        assert set(arm["tasks"]) == {"modernize"}  # quick mode: one task
+        scores = arm["tasks"]["modernize"]
+        assert scores["sentences"] == transfer.SCORED[True] and 0.0 <= scores["bleu"] <= 100.0
+        assert scores["copy_bleu"] > 20.0  # King James against World English: mostly the same words

@@ -104,7 +104,7 @@ def test_a_key_the_family_does_not_use_is_refused_and_truly_changes_nothing(fami
 
 
 def test_t5_positions_are_its_relative_bias_and_rope_theta_needs_rotary() -> None:
-    with pytest.raises(ValueError, match="^a t5 model's positions are its relative bias: .* got 'learned'"):
+    with pytest.raises(ValueError, match=r"^a t5 model's positions are its relative bias: .* got 'learned'"):
         preset("t5-tiny").replace(positional="learned")
     with pytest.raises(ValueError, match=r"^model\.rope_theta \(500000\.0\) is used by rotary positions only"):
         preset("gpt-tiny").replace(rope_theta=500000.0)

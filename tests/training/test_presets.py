@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from attnkit.config import RUN_PRESETS, run_from_dict, run_preset
+from attnkit.config import RUN_PRESETS, apply_overrides, run_from_dict, run_preset
 from attnkit.models import build_model
 
 
@@ -34,3 +34,12 @@ def test_the_classifier_presets_fit_their_schedule_to_the_budget(name: str) -> N
     to the end of the time budget at the step rate measured over the warm-up, capped at max_steps."""
     train = run_preset(name).train
     assert train.schedule == "budget-cosine" and train.time_budget is not None and train.max_steps < 10_000
+
+
+def test_null_on_the_command_line_unsets_an_optional_text_option() -> None:
+    # --train.init=null trains the MiniLM preset's task from random weights ("null" is not a path).
+    assert run_preset("minilm-testament").train.init == "all-MiniLM-L6-v2"
+    assert apply_overrides(run_preset("minilm-testament"), {"train.init": "null"}).train.init is None
+    assert apply_overrides(run_preset("minilm-testament"), {"train.init": "runs/null-hypothesis"}).train.init == (
+        "runs/null-hypothesis"
+    )
