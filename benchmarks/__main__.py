@@ -4,7 +4,8 @@ Suites: ``peak`` (the machine's fp32 and bf16 matmul FLOP/s, the limit for MFU),
 (forward pass), ``generation`` (greedy and beam-4), ``latency`` (ms per new token as the prefix
 grows), ``training`` (train steps and MFU), ``attention`` (time and memory of the math and
 fused paths as n grows to 16k), ``gpu`` (the bf16 suite on one accelerator: benchmarks/gpu.sh),
-``translation`` (BLEU at equal wall time vs a MarianMT of the same size), ``demo`` (make demo's
+``translation`` (BLEU at equal wall time vs a MarianMT of the same size), ``lm`` (held-out
+perplexity at equal wall time, gpt-bible's model vs a transformers GPT-2 of the same size), ``demo`` (make demo's
 job end to end: time and BLEU), ``trainspeed`` (training throughput at the demo's shape against an
 earlier commit, side by side), ``recipe`` (variants of a run preset over seeds and budgets, each
 in a fresh process: ``python -m benchmarks recipe --help``), ``decoding`` (per weight
@@ -36,6 +37,7 @@ from benchmarks import (
     forward,
     generation,
     gpu,
+    lm,
     recipe,
     serve,
     startup,
@@ -221,11 +223,30 @@ def _translation(out: Path | None, small: bool, budget: float | None) -> str:
     return "\n".join(lines)
 
 
+def _lm(out: Path | None, small: bool, budget: float | None) -> str:
+    result = lm.run(small=small, budget=budget)
+    names = list(result["curves"])
+    steps = ", ".join(f"{name} {n:,} steps" for name, n in result["steps"].items())
+    lines = [
+        f"### Held-out perplexity against minutes of training (same data, batches, budget; {steps})",
+        "",
+        "| minutes | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for points in zip(*result["curves"].values(), strict=False):
+        lines.append(f"| {points[0][0]:.1f} | " + " | ".join(f"{ppl:.1f}" for _, ppl in points) + " |")
+    lines += ["", "Greedy continuations:", ""]
+    for name, samples in result["samples"].items():
+        lines += [f"- {name}: " + " / ".join(f"*{text}*" for text in samples.values())]
+    _write(out, {"lm": result})
+    return "\n".join(lines)
+
+
 def main() -> None:
     if sys.argv[1:2] == ["recipe"]:  # its own options: variants, seeds, budgets
         sys.exit(recipe.main(sys.argv[2:]))
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    others = ["peak", "attention", "latency", "translation", "gpu", "demo", "recipe", "trainspeed", "startup"]
+    others = ["peak", "attention", "latency", "translation", "lm", "gpu", "demo", "recipe", "trainspeed", "startup"]
     others += ["decoding", "smollm2", "serve"]
     parser.add_argument("suite", choices=[*sorted(SUITES), *others])
     parser.add_argument("--small", action="store_true", help="tiny shapes (a quick check that it runs)")
@@ -233,7 +254,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the raw numbers as JSON")
     parser.add_argument("--compile", action="store_true", help="forward, training: torch.compile attnkit's model")
     parser.add_argument("--device", default="cuda", help="gpu: the device to run on (cpu with --small to try it)")
-    parser.add_argument("--budget", type=float, help="translation, demo: seconds of training (each side)")
+    parser.add_argument("--budget", type=float, help="translation, lm, demo: seconds of training (each side)")
     parser.add_argument("--baseline", default="d548709", help="trainspeed: the commit to compare with")
     parser.add_argument("--precision", default="fp32,bf16", help="trainspeed: precisions to train in (comma-separated)")
     parser.add_argument(
@@ -279,6 +300,9 @@ def main() -> None:
         return
     if args.suite == "translation":
         print(_translation(args.out, args.small, args.budget))
+        return
+    if args.suite == "lm":
+        print(_lm(args.out, args.small, args.budget))
         return
     run, title = SUITES[args.suite]
     options = {"compile": True} if args.compile else {}

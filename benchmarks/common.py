@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -114,3 +115,27 @@ def report(title: str, results: list[Comparison], out: Path | None) -> str:
         payload = {"title": title, "machine": machine(), "results": [asdict(r) | {"ratio": r.ratio} for r in results]}
         out.write_text(json.dumps(payload, indent=2) + "\n")
     return "\n".join(lines)
+
+
+class Racer(Protocol):
+    """One contestant of :func:`race`: its own clock of training seconds, one step at a time."""
+
+    trained: float
+
+    @property
+    def at_horizon(self) -> bool: ...
+
+    def step(self) -> None: ...
+
+    def score(self) -> None: ...
+
+
+def race(sides: Sequence[Racer], budget: float, points: int) -> None:
+    """Train every side for ``budget`` seconds of its own clock, one step each in turn, so that
+    whatever else the machine is doing slows them alike; score each every ``budget / points``."""
+    for point in range(1, points + 1):
+        while behind := [s for s in sides if s.trained < budget * point / points and not s.at_horizon]:
+            for side in behind:
+                side.step()
+        for side in sides:
+            side.score()

@@ -162,7 +162,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     padding = [r["padding"] for r in records if r["split"] == "train" and "padding" in r]
     horizon = [r["horizon"] for r in records if r["split"] == "schedule"]
     model = from_pretrained(out)
-    pairs = read_texts(run).get(spec["split"])
+    pairs = read_texts(run).get(spec["split"])[: spec.get("sentences")]
     scoring = time.perf_counter()
     greedy = score_translations(model, model.tokenizer, pairs, run.data.max_tokens, num_beams=1)
     beam = score_translations(model, model.tokenizer, pairs, run.data.max_tokens, **BEAM)
@@ -233,6 +233,7 @@ def study(
     out: Path,
     budget_label: str,
     tuned: bool = False,
+    sentences: int | None = None,
 ) -> dict[str, Any]:
     """Run every variant for every seed, one process at a time; ``recipe-NAME.json`` is
     rewritten after each run, so a study cut short keeps what it measured."""
@@ -250,6 +251,7 @@ def study(
                 "overrides": {**overrides, "train.seed": str(seed)},
                 "split": split,
                 "tuned": tuned,
+                "sentences": sentences,
             }
             result = _child(spec)
             row = {
@@ -402,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", choices=["valid", "test"], default="valid", help="scored split (default valid)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
     parser.add_argument("--tuned", action="store_true", help="also score the demo's beam (α=1.0, no 3-gram twice)")
+    parser.add_argument("--sentences", type=int, metavar="N", help="score the split's first N pairs only (default all)")
     parser.add_argument("--decoding", type=Path, metavar="RUN", help="score a trained run's decoding settings instead")
     args = parser.parse_args(argv)
     if args.decoding is not None:
@@ -415,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
         variants.update(parse_variant(v) for v in args.variant)
         if not variants:
             raise ValueError("no variant to run: pass --screen NAME or --variant NAME:key=value,...")
+        if args.sentences is not None and args.sentences < 1:
+            raise ValueError(f"--sentences must be >= 1, got {args.sentences}")
         if (args.budget is not None and not args.budget > 0) or (args.steps is not None and args.steps < 1):
             raise ValueError(f"--budget must be > 0 seconds and --steps >= 1, got {args.budget} and {args.steps}")
         try:
@@ -430,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or args.screen or "recipe"
     seconds = args.budget or run_preset(args.preset).train.time_budget
     label = f"{args.steps} steps" if args.steps else f"{seconds:.0f} s" if seconds else "preset's steps"
-    payload = study(name, args.preset, runs, seeds, args.split, args.out, label, args.tuned)
+    payload = study(name, args.preset, runs, seeds, args.split, args.out, label, args.tuned, args.sentences)
     markdown = table(payload)
     (args.out / f"recipe-{name}.md").write_text(markdown + "\n", encoding="utf-8")
     print(markdown)

@@ -30,6 +30,7 @@ from attnkit.training.distributed import native_bf16
 from attnkit.training.evaluate import translate_ids
 from attnkit.training.run import model_config_for
 from attnkit.training.schedule import budget_horizon, horizon_probe, learning_rate
+from benchmarks.common import race
 
 SENTENCES = 200
 
@@ -110,17 +111,6 @@ class _Side:
         print(f"{self.name}: step {self.steps}, {self.trained / 60:.1f} min, BLEU {self.curve[-1][1]:.2f}", flush=True)
 
 
-def _race(sides: list[_Side], budget: float, points: int) -> None:
-    """Train every side for ``budget`` seconds of its own clock, one step each in turn, so that
-    whatever else the machine is doing slows them alike; score each every ``budget / points``."""
-    for point in range(1, points + 1):
-        while behind := [s for s in sides if s.trained < budget * point / points and not s.at_horizon]:
-            for side in behind:
-                side.step()
-        for side in sides:
-            side.score()
-
-
 @torch.no_grad()
 def _translate(model: torch.nn.Module, sources: list[list[int]], run: Any) -> list[list[int]]:
     if hasattr(model, "config") and hasattr(model.config, "family"):
@@ -150,5 +140,5 @@ def run(small: bool = False, points: int = 5, budget: float | None = None) -> di
         torch.manual_seed(0)
         sides.append(_Side(name, make(config.model), data, config))
     torch.manual_seed(0)
-    _race(sides, budget, points)
+    race(sides, budget, points)
     return {side.name: side.curve for side in sides}

@@ -39,6 +39,19 @@ def test_suite_runs_and_writes_json(suite: str, options: list[str], tmp_path: Pa
     assert numbers["machine"]["torch"]
 
 
+def test_lm_races_attnkit_against_transformers_gpt2_and_samples_both(tmp_path: Path) -> None:
+    out = tmp_path / "lm.json"
+    command = [sys.executable, "-m", "benchmarks", "lm", "--small", "--budget", "2", "--out", str(out)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lm = json.loads(out.read_text())["lm"]
+    assert set(lm["curves"]) == set(lm["samples"]) == {"attnkit", "transformers GPT-2"}
+    for name, curve in lm["curves"].items():
+        assert len(curve) == 5 and lm["steps"][name] > 0
+        assert all(1.0 < perplexity < 2 * lm["model"]["vocab_size"] for _, perplexity in curve)
+        assert set(lm["samples"][name]) == {"In the beginning", "The LORD is my shepherd", "And Jesus said unto them"}
+
+
 def recipe(*options: str, out: Path) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "benchmarks", "recipe", "--preset", "numbers-en-de", "--out", str(out), *options]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
