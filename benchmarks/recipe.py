@@ -109,12 +109,19 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
 
 
 def parse_changes(text: str, what: str) -> dict[str, str]:
-    changes = {}
+    """``key=value,key=value`` -> {key: value}; an item without ``=`` after the first continues
+    the value before it, a list (``data.tasks=modernize,translate English to French``)."""
+    changes: dict[str, str] = {}
+    last = None
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, eq, value = item.partition("=")
+        if not eq and last is not None:
+            changes[last] += f",{item}"
+            continue
         if not eq or not key:
             raise ValueError(f"{what}: {item!r} is not key=value (e.g. train.lr=2e-3)")
-        changes[key.removeprefix("--")] = value
+        last = key.removeprefix("--")
+        changes[last] = value
     return changes
 
 

@@ -52,6 +52,13 @@ def test_lm_races_attnkit_against_transformers_gpt2_and_samples_both(tmp_path: P
         assert set(lm["samples"][name]) == {"In the beginning", "The LORD is my shepherd", "And Jesus said unto them"}
 
 
+def test_recipe_variants_take_list_values() -> None:
+    from benchmarks.recipe import parse_changes
+
+    changes = parse_changes("data.tasks=translate English to French,modernize,train.lr=1e-3", "variant 'x'")
+    assert changes == {"data.tasks": "translate English to French,modernize", "train.lr": "1e-3"}
+
+
 def recipe(*options: str, out: Path) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "benchmarks", "recipe", "--preset", "numbers-en-de", "--out", str(out), *options]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
