@@ -8,8 +8,10 @@ import random
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -74,5 +76,24 @@ def random_words(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path
             path.write_text(text, encoding="utf-8")
             made[lines, seed] = path
         return made[lines, seed]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def wide_model() -> Callable[..., torch.nn.Module]:
+    """A factory of random models in eval mode, ``wide_model(preset, **changes)``, seeded, with
+    weights drawn N(0, 0.5) where the family takes an ``init_std`` (BERT, GPT), so that their
+    outputs are peaked enough to decode differently per path; the Transformer (Glorot) and T5
+    (fan-in) draw as they always do."""
+    import attnkit
+    from attnkit.config import UNUSED
+
+    def make(name: str, seed: int = 0, **changes: Any) -> torch.nn.Module:
+        cfg = attnkit.preset(name, **changes)
+        if "init_std" not in UNUSED[cfg.family]:
+            cfg = cfg.replace(init_std=0.5)
+        torch.manual_seed(seed)
+        return attnkit.build_model(cfg).eval()
 
     return make

@@ -78,9 +78,8 @@ def hypothesis(row: torch.Tensor, eos: int) -> tuple[int, ...]:
 
 
 @pytest.mark.parametrize("name", ["gpt-tiny", "transformer-tiny", "t5-tiny"])
-def test_beam1_equals_greedy(name: str) -> None:
-    torch.manual_seed(0)
-    model = attnkit.build_model(attnkit.preset(name, init_std=0.5)).eval()
+def test_beam1_equals_greedy(name: str, wide_model: Callable[..., torch.nn.Module]) -> None:
+    model = wide_model(name)
     ids = torch.randint(3, 1000, (3, 6))
     mask = torch.ones_like(ids)
     mask[1, :2] = mask[2, :4] = 0  # left padding (decoder-only) or a short source
@@ -238,9 +237,8 @@ def test_gnmt_penalty_formula() -> None:
 # --------------------------------------------------------------------------- caps
 
 
-def test_budget_caps_each_example_as_its_own_max_new_tokens() -> None:
-    torch.manual_seed(1)
-    model = attnkit.build_model(attnkit.preset("transformer-tiny", init_std=0.5)).eval()
+def test_budget_caps_each_example_as_its_own_max_new_tokens(wide_model: Callable[..., torch.nn.Module]) -> None:
+    model = wide_model("transformer-tiny", seed=1)
     ids = torch.randint(3, 1000, (3, 6))
     mask = torch.ones_like(ids)
     mask[1, 4:] = mask[2, 2:] = 0

@@ -5,12 +5,13 @@ batches of similar length come back in their input order, equal to decoding each
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-import attnkit
 from attnkit.generation import incremental
 from attnkit.generation.batches import length_sorted, pad_right
 from attnkit.nn import DecoderCache, KVCache, MultiHeadAttention, padding_mask
@@ -67,11 +68,6 @@ def test_cache_reorder_permutes_and_drops_rows() -> None:
     assert_close(all_k, torch.cat([k[first][second][[3, 0]], new_k], dim=2), atol=0, rtol=0)
 
 
-def _model(name: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return attnkit.build_model(attnkit.preset(name, init_std=0.5)).eval()
-
-
 def _frequent_tokens(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, **options: object) -> list[int]:
     """The tokens the free-running decoder emits, most frequent first: as the end token, one
     of them makes rows finish at different steps."""
@@ -96,9 +92,9 @@ def _spy_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 @pytest.mark.parametrize("num_beams", [1, 3])
 @pytest.mark.parametrize("name", ["gpt-tiny", "transformer-tiny", "t5-tiny"])
 def test_dropping_finished_rows_equals_decoding_each_alone(
-    name: str, num_beams: int, monkeypatch: pytest.MonkeyPatch
+    name: str, num_beams: int, monkeypatch: pytest.MonkeyPatch, wide_model: Callable[..., torch.nn.Module]
 ) -> None:
-    model = _model(name)
+    model = wide_model(name)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(4, 1000, (6, 7), generator=g)
     mask = torch.ones_like(ids)
@@ -136,8 +132,10 @@ def test_length_sorted_batches_cover_every_index_once_longest_first() -> None:
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_length_sorted_translation_keeps_the_input_order(num_beams: int) -> None:
-    model = _model("transformer-tiny")
+def test_length_sorted_translation_keeps_the_input_order(
+    num_beams: int, wide_model: Callable[..., torch.nn.Module]
+) -> None:
+    model = wide_model("transformer-tiny")
     g = torch.Generator().manual_seed(3)
     sources = [torch.randint(4, 1000, (int(n),), generator=g).tolist() for n in (3, 8, 1, 6, 8, 2, 5)]
     got = translate_ids(model, sources, batch_size=3, num_beams=num_beams)

@@ -4,6 +4,7 @@ emits an n-gram twice, and greedy and beam search equal transformers' with the s
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,16 +44,16 @@ def ngram_repeats(row: list[int], n: int) -> list[tuple[int, ...]]:
     return [g for g in set(grams) if grams.count(g) > 1]
 
 
-def looping_model(name: str) -> torch.nn.Module:
-    """A random model with wide weights and a 20-token vocabulary: without the constraint its
-    greedy output repeats itself."""
-    torch.manual_seed(0)
-    return attnkit.build_model(attnkit.preset(name, vocab_size=20, init_std=0.5)).eval()
+@pytest.fixture
+def looping_model(wide_model: Callable[..., torch.nn.Module]) -> Callable[[str], torch.nn.Module]:
+    """Random models with a 20-token vocabulary: without the constraint their greedy output
+    repeats itself."""
+    return lambda name: wide_model(name, vocab_size=20)
 
 
 @pytest.mark.parametrize("name", ["transformer-tiny", "gpt-tiny"])
 @pytest.mark.parametrize("n", [2, 3])
-def test_no_decoding_mode_repeats_an_ngram(name: str, n: int) -> None:
+def test_no_decoding_mode_repeats_an_ngram(name: str, n: int, looping_model: Callable[[str], torch.nn.Module]) -> None:
     model = looping_model(name)
     ids = torch.randint(3, 20, (3, 5), generator=torch.Generator().manual_seed(1))
     eos, prompt = model.config.eos_token_id, 1 if model.config.is_encoder_decoder else ids.shape[1]
@@ -74,7 +75,7 @@ def test_no_decoding_mode_repeats_an_ngram(name: str, n: int) -> None:
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "3"])
-def test_bad_sizes_are_refused(bad: object) -> None:
+def test_bad_sizes_are_refused(bad: object, looping_model: Callable[[str], torch.nn.Module]) -> None:
     model = looping_model("transformer-tiny")
     with pytest.raises(ValueError, match="no_repeat_ngram_size must be an integer >= 1"):
         model.generate(torch.tensor([[3, 4, 5]]), no_repeat_ngram_size=bad)
