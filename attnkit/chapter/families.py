@@ -149,12 +149,12 @@ def run(ctx: Context) -> Section:
         for name, r in results.items()
     )
     texts = " and the ".join(BIBLES[code] for code in first.data.bibles)
-    rates = ", ".join(f"{name} {r.run.train.lr:g}" for name, r in results.items())
+    rates = ", ".join(f"{name} {r.run.train.optimizer} at {r.run.train.lr:g}" for name, r in results.items())
     text = f"""
 The chapter's table [tab:att-families] with each family trained: a tiny model of each ({sizes}; dropout off),
 trained for {first.train.max_steps} steps of about {first.train.batch_tokens} tokens on the same Bible verses (the
 {texts}; one byte-level BPE of {data.tokenizer.get_vocab_size()} tokens), each with its own objective and its
-family's usual optimiser ({first.train.optimizer}) and peak learning rate ({rates}), warm-up over
+family's usual optimiser and peak learning rate ({rates}; Adafactor's relative to each weight's scale), warm-up over
 {first.train.warmup} steps, then cosine decay. First loss: the training loss of step 1; final loss: the mean training
 loss of the last {LAST} steps; held-out: {first.train.eval_batches} batches of verses from held-out chapters, after
 training.
