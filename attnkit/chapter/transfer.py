@@ -77,7 +77,7 @@ def _compare(
         run_dir = pre_dir.parent / f"{pre_dir.name}-{i}"
         done, final = train(arm.run, run_dir, force=True, progress_bar=False, data=task_data if arm.shared else None)
         results[name] = {
-            **score(run_dir, arm.run), "valid_loss": final["loss"],
+            **score(run_dir, arm.run), "valid_loss": final["loss"], "steps": done.step,
             "seconds": done.seconds + (before.seconds if arm.pretrained else 0.0),
             "pretraining_seconds": before.seconds if arm.pretrained else 0.0,
             "pretraining_loss": pre_final["loss"] if arm.pretrained else None,
