@@ -194,6 +194,7 @@ def test_pretraining_then_fine_tuning_is_compared_at_equal_total(sections: dict[
             assert (arm["pretraining_seconds"] > 0) == pretrained, name
             assert (arm["pretraining_loss"] is not None) == pretrained, name
             assert arm["seconds"] >= arm["pretraining_seconds"] and math.isfinite(arm["valid_loss"])
+            assert arm["steps"] >= 1
             assert f"| {name} |" in section.text
     for arm in bert.values():
         assert 0.0 <= arm["macro_f1"] <= 1.0 and 0.0 <= arm["accuracy"] <= 1.0 and arm["verses"] > 0
