@@ -587,13 +587,8 @@ class RunConfig:
     data: DataConfig = DataConfig()
 
     def __post_init__(self) -> None:
-        families = OBJECTIVE_FAMILIES[self.objective]
-        if self.model.family not in families:
-            raise ValueError(
-                f"train.objective={self.objective} trains {' or '.join(families)} models, not {self.model.family}; "
-                f"use a {families[0]} model, or --train.objective={OBJECTIVES[self.model.family]} "
-                f"({self.model.family}'s own)"
-            )
+        if why := objective_mismatch(self.objective, self.model.family):
+            raise ValueError(f"train.objective={self.objective}: {why}")
 
     @property
     def objective(self) -> Objective:
@@ -601,6 +596,17 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def objective_mismatch(objective: str, family: str) -> str | None:
+    """None where ``objective`` trains ``family`` models; otherwise why not, and the fix."""
+    families = OBJECTIVE_FAMILIES[objective]
+    if family in families:
+        return None
+    return (
+        f"the {objective} objective trains {' or '.join(families)} models, not {family}; use a {families[0]} "
+        f"model, or --train.objective={OBJECTIVES[family]} ({family}'s own)"
+    )
 
 
 def run_from_dict(data: Any) -> RunConfig:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -139,3 +139,30 @@ def race(sides: Sequence[Racer], budget: float, points: int) -> None:
                 side.step()
         for side in sides:
             side.score()
+
+
+def race_on(
+    config: Any,
+    makers: dict[str, Callable[[Any], torch.nn.Module]],
+    side: Callable[..., Racer],
+    budget: float,
+    points: int,
+) -> list[Racer]:
+    """Read ``config``'s corpus once, build each of ``makers``' models of its size (the same seed
+    for each), wrap each as ``side(name, model, data, config)`` and :func:`race` them for
+    ``budget`` seconds of training each."""
+    import dataclasses
+
+    from attnkit.data.prepare import load_data
+    from attnkit.training.run import model_config_for
+
+    data = load_data(config, None)
+    config = model_config_for(config, data)
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train, time_budget=budget))
+    sides = []
+    for name, make in makers.items():
+        torch.manual_seed(0)
+        sides.append(side(name, make(config.model), data, config))
+    torch.manual_seed(0)
+    race(sides, budget, points)
+    return sides

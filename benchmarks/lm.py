@@ -13,7 +13,6 @@ tiny model.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from typing import Any
@@ -23,15 +22,14 @@ import torch.nn.functional as F
 
 from attnkit.config import RunConfig, apply_overrides, run_preset
 from attnkit.data.batching import TokenBatches
-from attnkit.data.prepare import Data, cost, load_data
+from attnkit.data.prepare import Data, cost
 from attnkit.data.tokenizer import decode
 from attnkit.models import build_model
 from attnkit.objectives.base import IGNORE_INDEX
 from attnkit.objectives.causal_lm import CausalLM
-from attnkit.training.run import model_config_for
 from attnkit.training.schedule import learning_rate
 from attnkit.training.trainer import make_optimizer
-from benchmarks.common import race
+from benchmarks.common import race_on
 
 PROMPTS = ("In the beginning", "The LORD is my shepherd", "And Jesus said unto them")
 HELD_OUT_BATCHES = 20
@@ -121,18 +119,11 @@ def run(small: bool = False, points: int = 5, budget: float | None = None) -> di
     config = run_preset("gpt-bible")
     if small:
         config = apply_overrides(config, SMALL)
-    data = load_data(config, None)
-    config = model_config_for(config, data)
     budget = budget or (30.0 if small else config.train.time_budget)
-    config = dataclasses.replace(config, train=dataclasses.replace(config.train, time_budget=budget))
-    sides = []
-    for name, make in (("attnkit", build_model), ("transformers GPT-2", _gpt2)):
-        torch.manual_seed(0)
-        sides.append(_Side(name, make(config.model), data, config))
-    race(sides, budget, points)
+    sides = race_on(config, {"attnkit": build_model, "transformers GPT-2": _gpt2}, _Side, budget, points)
     return {
         "curves": {side.name: side.curve for side in sides},
         "steps": {side.name: side.steps for side in sides},
         "samples": {side.name: side.samples() for side in sides},
-        "model": {k: getattr(config.model, k) for k in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size")},
+        "model": {k: getattr(sides[0].run.model, k) for k in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size")},
     }

@@ -13,7 +13,6 @@ machine slows both alike.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -21,16 +20,15 @@ import torch
 
 from attnkit.config import run_preset
 from attnkit.data.batching import TokenBatches
-from attnkit.data.prepare import cost, load_data
+from attnkit.data.prepare import cost
 from attnkit.data.tokenizer import decode
 from attnkit.models import build_model
 from attnkit.objectives.base import label_smoothed_nll
 from attnkit.objectives.translation import Translation
 from attnkit.training.distributed import native_bf16
 from attnkit.training.evaluate import translate_ids
-from attnkit.training.run import model_config_for
 from attnkit.training.schedule import budget_horizon, horizon_probe, learning_rate
-from benchmarks.common import race
+from benchmarks.common import race_on
 
 SENTENCES = 200
 
@@ -131,14 +129,6 @@ def _translate(model: torch.nn.Module, sources: list[list[int]], run: Any) -> li
 def run(small: bool = False, points: int = 5, budget: float | None = None) -> dict[str, list[tuple[float, float]]]:
     """Both curves; ``budget`` seconds each (default: the preset's 10 minutes, or 60 s when small)."""
     config = run_preset("translate-en-fr")
-    data = load_data(config, None)
-    config = model_config_for(config, data)
     budget = budget or (60.0 if small else config.train.time_budget)
-    config = dataclasses.replace(config, train=dataclasses.replace(config.train, time_budget=budget))
-    sides = []
-    for name, make in (("attnkit", build_model), ("transformers MarianMT", _marian)):
-        torch.manual_seed(0)
-        sides.append(_Side(name, make(config.model), data, config))
-    torch.manual_seed(0)
-    race(sides, budget, points)
+    sides = race_on(config, {"attnkit": build_model, "transformers MarianMT": _marian}, _Side, budget, points)
     return {side.name: side.curve for side in sides}

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from attnkit.config import OBJECTIVE_FAMILIES, OBJECTIVES, ModelConfig, RunConfig, apply_overrides, run_from_dict
+from attnkit.config import ModelConfig, RunConfig, apply_overrides, objective_mismatch, run_from_dict
 from attnkit.data.batching import StepBatches
 from attnkit.data.prepare import Data, batch_positions, load_data, train_batches
 from attnkit.data.specials import ModelSpecials, Specials
@@ -83,7 +83,7 @@ def _named(name: str) -> Path:
 def pretrained(run: RunConfig) -> Model | None:
     """The model ``train.init`` names (attnkit's, a training run's or a Hugging Face directory,
     a Llama GGUF file, or one of :data:`PRETRAINED`), loaded; None without one. Its family must
-    be one that the run's objective trains (:data:`~attnkit.config.OBJECTIVE_FAMILIES`)."""
+    be one that the run's objective trains (:func:`~attnkit.config.objective_mismatch`)."""
     from attnkit.interop.hf import load_hf
     from attnkit.models import load_saved
     from attnkit.models.io import CONFIG, FORMAT, read_json, refuse_pickles
@@ -107,13 +107,8 @@ def pretrained(run: RunConfig) -> Model | None:
             f"train.init={init!r} is not a model directory (no {CONFIG}) nor a training run's; give one written by "
             f"save_pretrained, a Hugging Face one, a run directory, or a known name ({', '.join(PRETRAINED)})"
         )
-    families = OBJECTIVE_FAMILIES[run.objective]
-    if model.config.family not in families:
-        raise ValueError(
-            f"train.init={init!r} is a {model.config.family} model, and the {run.objective} objective trains "
-            f"{' or '.join(families)}: give a {families[0]} model, or train it with its own objective "
-            f"(--train.objective={OBJECTIVES[model.config.family]})"
-        )
+    if why := objective_mismatch(run.objective, model.config.family):
+        raise ValueError(f"train.init={init!r} is a {model.config.family} model: {why}")
     if getattr(model, "tokenizer", None) is None:
         raise ValueError(f"train.init={init!r} has no tokenizer to fine-tune with; use a directory with one")
     return model

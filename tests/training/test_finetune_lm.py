@@ -84,11 +84,11 @@ def test_bad_fine_tuning_input_is_one_line(
     assert main([*base, "--out", str(tmp_path / "a"), "--model.lora_rank", "-1", *FAST]) == 2
     assert "lora_rank must be >= 0" in capsys.readouterr().err
     assert main([*base, "--out", str(tmp_path / "b"), "--train.objective", "masked_lm", *FAST]) == 2
-    assert "train.objective=masked_lm trains bert models, not gpt" in capsys.readouterr().err
+    assert "train.objective=masked_lm: the masked_lm objective trains bert models, not gpt" in capsys.readouterr().err
     # A pretrained model of another family than the objective trains (GPT-2 for BERT's masked LM).
     bert = ["train", "--preset", "bert-bible", "--train.init", str(directory), "--data.corpus", "files"]
     assert main([*bert, "--data.path", str(text), "--out", str(tmp_path / "c"), *FAST]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and f"train.init={str(directory)!r} is a gpt model, and the masked_lm" in err
+    assert err.count("\n") == 0 and f"train.init={str(directory)!r} is a gpt model: the masked_lm objective" in err
     assert "--train.objective=causal_lm" in err
     assert not any((tmp_path / name).exists() for name in "abc")  # nothing written

@@ -160,7 +160,7 @@ def test_cli_train_prints_config_and_trains(tmp_path: Path, corpus: Path, capsys
         ("stray", "unrecognised argument 'stray'"),
         ("--model.n_decoder_layers=2", "a gpt model does not use model.n_decoder_layers (got 2"),
         ("--model.rope_theta=5e5", "model.rope_theta (500000.0) is used by rotary positions only"),
-        ("--train.objective=span_corruption", "train.objective=span_corruption trains t5 models, not gpt"),
+        ("--train.objective=span_corruption", "the span_corruption objective trains t5 models, not gpt"),
     ],
 )
 def test_cli_train_bad_options(tmp_path: Path, corpus: Path, capsys: pytest.CaptureFixture, option: str, message: str):
