@@ -85,9 +85,10 @@ def _compare(
     return results
 
 
-def _schedule(run: RunConfig) -> dict[str, str]:
-    """A budget schedule decays over seconds: in quick mode (steps) it decays over max_steps."""
-    return {"train.schedule": "cosine"} if run.train.schedule.startswith("budget-") else {}
+def _schedule(run: RunConfig, quick: bool) -> dict[str, str]:
+    """A budget schedule decays over seconds; quick mode counts steps, so there it decays over
+    max_steps instead."""
+    return {"train.schedule": "cosine"} if quick and run.train.schedule.startswith("budget-") else {}
 
 
 def bert(ctx: Context, tmp: Path) -> dict[str, dict[str, Any]]:
@@ -97,7 +98,7 @@ def bert(ctx: Context, tmp: Path) -> dict[str, dict[str, Any]]:
     shrink = {**_TINY_BERT, "data.vocab_size": "1000", "data.bibles": "4"} if quick else {}
     pre = apply_overrides(run_preset("bert-bible"), {**_budget(total * SHARE, quick), **shrink})
     task = run_preset("minilm-testament")
-    common = {**_schedule(task), "train.seed": str(ctx.seed),
+    common = {**_schedule(task, quick), "train.seed": str(ctx.seed),
               **({"data.max_tokens": "64", "train.batch_tokens": "2048"} if quick else {})}  # fmt: skip
     own = {**common, "data.tokenizer": str(pre_dir / "tokenizer.json")}
     arms = {
