@@ -12,16 +12,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="serve a model over HTTP: OpenAI-shaped completions, translation, attention, a live page",
         description="Serve a model over HTTP (Starlette + uvicorn, the serve extra):\n"
         "  GET  /                     a page: type a sentence, watch the output stream in and its attention\n"
-        "  GET  /health               {status, model, family}\n"
-        "  GET  /metrics              Prometheus text: requests, tokens, batch sizes, latency\n"
-        "  POST /v1/completions       OpenAI shape (prompt, max_tokens, temperature, top_p, stream) [GPT]\n"
+        "  GET  /health, /metrics     {status, model, family, limits}; Prometheus text\n"
+        "  GET  /v1/models            the served model, as OpenAI clients discover it\n"
+        "  POST /v1/completions       OpenAI's (prompt: text, texts or ids; n, stop, logprobs, echo,\n"
+        "                             penalties, logit_bias, stream + stream_options) [GPT]\n"
         "  POST /v1/chat/completions  the same over messages, through the model's chat template [GPT]\n"
+        "  POST /v1/embeddings        OpenAI's: sentence embeddings, float or base64 [BERT]\n"
+        "  POST /tokenize, /detokenize  vLLM's: text or messages to ids and back\n"
         "  POST /v1/translate         {text, num_beams?, max_new_tokens?, stream?} [encoder-decoder]\n"
         "  POST /v1/attention         {text, target?} -> tokens and every layer's and head's weights\n"
         "Completions share one continuous batch (a request joins the running batch at the next step);\n"
         "translations waiting together are decoded as one batch. stream: true answers with server-sent\n"
-        "events, data: [DONE] last. Errors are {error: {message, type}}. SIGTERM finishes the requests in\n"
-        "flight (new ones get 503) within --drain-seconds, then exits.",
+        "events, data: [DONE] last. OpenAI endpoints ignore fields they do not use (logged once); errors\n"
+        "are {error: {message, type, param, code}}. SIGTERM finishes the requests in flight (new ones get\n"
+        "503) within --drain-seconds, then exits.",
         epilog="examples:\n"
         "  attnkit serve --model runs/translate-en-fr/model --weights bf16\n"
         '  attnkit serve --model runs/smollm2 --port 8080 --api-key "$KEY"\n'
@@ -44,12 +48,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-batch", type=int, default=32, metavar="N", help="rows decoded together (32)")
     parser.add_argument("--max-queue", type=int, default=256, metavar="N", help="requests waiting; more get 429 (256)")
     parser.add_argument(
-        "--max-new-tokens", type=int, default=256, metavar="N", help="most new tokens a request asks (256)"
+        "--max-new-tokens", type=int, metavar="N", help="most new tokens a request asks (default: the model's context)"
     )
-    parser.add_argument("--max-input-tokens", type=int, default=512, metavar="N", help="longest prompt or source (512)")
+    parser.add_argument(
+        "--max-input-tokens", type=int, metavar="N", help="longest prompt or source (default: the model's context)"
+    )
     parser.add_argument("--max-beams", type=int, default=8, metavar="K", help="most beams a translation asks (8)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="N", help="largest request body (1 MiB)")
     parser.add_argument("--drain-seconds", type=float, default=30.0, metavar="S", help="shutdown deadline (30)")
+    parser.add_argument(
+        "--allowed-origins", metavar="ORIGINS",
+        help="comma-separated web origins whose pages may call the API (CORS), e.g. http://localhost:3000; "
+        "'*' for any (default: none)",
+    )  # fmt: skip
     parser.set_defaults(run=run)
 
 
@@ -62,12 +73,16 @@ def run(args: argparse.Namespace) -> int:
     from attnkit.serve.server import run as serve
 
     for flag in ("max_batch", "max_queue", "max_new_tokens", "max_input_tokens", "max_beams", "max_body_bytes"):
-        if getattr(args, flag) < 1:
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key is empty; give a key, or leave the flag out to serve without one")
+    origins = [o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()]
+    for origin in origins:
+        if origin != "*" and not origin.startswith(("http://", "https://")):
+            raise ValueError(f"--allowed-origins: {origin!r} is not an origin; give e.g. http://localhost:3000 or '*'")
     keep_freed_memory()
     model = attnkit.from_pretrained(args.model, weights=args.weights)
     if getattr(model, "tokenizer", None) is None:
@@ -77,5 +92,6 @@ def run(args: argparse.Namespace) -> int:
         max_beams=args.max_beams, max_batch=args.max_batch, max_queue=args.max_queue,
     )  # fmt: skip
     name = args.name or Path(args.model).resolve().name
-    serve(create_app(model, name, limits, args.api_key, own_thread=False), args.host, args.port, args.drain_seconds)
+    app = create_app(model, name, limits, args.api_key, own_thread=False, allowed_origins=origins)
+    serve(app, args.host, args.port, args.drain_seconds)
     return 0

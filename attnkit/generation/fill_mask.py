@@ -21,8 +21,10 @@ def fill_mask(
     if mask_id is None:
         raise ValueError("the tokenizer has no mask token (<mask> or [MASK]); it was not made for a masked LM")
     ids = tokenizer.encode(text.replace("[MASK]", mask_token)).ids
-    if tokenizer.token_to_id(BOS) == cfg.bos_token_id:  # attnkit's tokenizers: the objective adds [CLS] ... [SEP]
-        ids = [cfg.bos_token_id, *ids, cfg.eos_token_id]
+    bos, eos = cfg.bos_token_id, cfg.eos_token_id
+    # attnkit's tokenizers: the objective adds <s> ... </s>, where the tokenizer does not (export_hf's does)
+    if bos is not None and tokenizer.token_to_id(BOS) == bos:
+        ids = ([] if ids[:1] == [bos] else [bos]) + ids + ([] if eos is None or ids[-1:] == [eos] else [eos])
     positions = [i for i, t in enumerate(ids) if t == mask_id]
     if not positions:
         raise ValueError(f"no [MASK] in {text!r}; write [MASK] where a token should be predicted")

@@ -57,9 +57,12 @@ class TemplateRefusalError(ValueError):
     roles that do not alternate, a system message it does not take)."""
 
 
-def chat_prompt(template: str, tokenizer: Tokenizer, cfg: ModelConfig, messages: list[dict[str, str]]) -> list[int]:
-    """The conversation as the model was trained to read it, the assistant's turn opened, as
-    ids; rendered in a sandbox (a template is data from the checkpoint, not code to trust)."""
+def chat_prompt(
+    template: str, tokenizer: Tokenizer, cfg: ModelConfig, messages: list[dict[str, str]], open_turn: bool = True
+) -> list[int]:
+    """The conversation as the model was trained to read it, the assistant's turn opened
+    (``open_turn``: the template's ``add_generation_prompt``), as ids; rendered in a sandbox
+    (a template is data from the checkpoint, not code to trust)."""
     from jinja2 import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -75,7 +78,7 @@ def chat_prompt(template: str, tokenizer: Tokenizer, cfg: ModelConfig, messages:
     environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     environment.globals["raise_exception"] = refuse
     try:
-        text = environment.from_string(template).render(messages=messages, add_generation_prompt=True, **specials)
+        text = environment.from_string(template).render(messages=messages, add_generation_prompt=open_turn, **specials)
     except TemplateError as err:
         raise ValueError(
             f"the model's chat template cannot be rendered ({err}); fix its tokenizer_config.json"

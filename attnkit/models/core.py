@@ -366,10 +366,14 @@ class EncoderOnlyModel(Model):
         hidden states averaged over each text's real tokens (as sentence-transformers pools
         all-MiniLM-L6-v2), unit length with ``normalize`` (dot products are then cosines).
         Texts longer than the model's positions are cut there."""
+        return self.embed_ids(self.text_ids(texts), normalize, batch_size)
+
+    @torch.no_grad()
+    def embed_ids(self, ids: Sequence[Sequence[int]], normalize: bool = True, batch_size: int = 32) -> Tensor:
+        """:meth:`encode` of texts given as token ids (each with its specials), (N, d_model)."""
         from attnkit.nn.pooling import mean_pool
         from attnkit.nn.pooling import normalize as unit
 
-        ids = self.text_ids(texts)
         vectors = torch.zeros(len(ids), self.config.d_model, device=self.embeddings.token.weight.device)
         for batch, out, mask in self.batched(ids, batch_size):
             vectors[batch] = mean_pool(out.last_hidden_state.float(), mask)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -22,22 +23,25 @@ from typing import Any
 
 import torch
 
-from attnkit.generation.continuous import ContinuousBatch, Request
+from attnkit.generation.continuous import ContinuousBatch, Request, Scored
 from attnkit.generation.greedy import sampler
 from attnkit.models.core import Model
 from attnkit.serve.metrics import Metrics
 
 log = logging.getLogger("attnkit.serve")
 
-# A job's events: ("token", id), ("done", result), ("error", message).
+# A job's events: ("token", value), ("done", result), ("error", message). A completion's token
+# value is (id, its score or None); a streamed translation's is (row, id).
 Event = tuple[str, Any]
 
 
 @dataclass(eq=False)
 class Job:
-    """One request's work. ``kind``: "complete" (ids, max_new_tokens, temperature, top_p,
-    seed), "translate" (sources, num_beams, max_new_tokens, stream) or "call" (``work``, run on
-    the model thread: one forward pass for the attention endpoint)."""
+    """One request's work. ``kind``: "complete" (ids, max_new_tokens, eos, temperature, top_p,
+    seed, and optionally adjust, top_logprobs, prompt_logprobs: see
+    :class:`~attnkit.generation.continuous.Request`), "translate" (sources, num_beams,
+    max_new_tokens, stream) or "call" (``work``, run on the model thread: a forward pass for
+    the attention and the embeddings endpoints)."""
 
     kind: str
     loop: asyncio.AbstractEventLoop
@@ -166,9 +170,12 @@ class Engine:
             o = job.options
             choose = None
             if o["temperature"] > 0:
-                generator = torch.Generator().manual_seed(o["seed"] if o["seed"] is not None else int(time.time_ns()))
+                generator = torch.Generator().manual_seed(o["seed"] if o["seed"] is not None else secrets.randbits(63))
                 choose = sampler(o["temperature"], None, o["top_p"], generator)
-            job.request = Request(o["ids"], o["max_new_tokens"], o["eos"], choose, on_token=_emitter(job))
+            job.request = Request(
+                o["ids"], o["max_new_tokens"], o["eos"], choose, on_token=_emitter(job), adjust=o.get("adjust"),
+                top_logprobs=o.get("top_logprobs"), prompt_logprobs=o.get("prompt_logprobs"),
+            )  # fmt: skip
             requests.append(job.request)
         started = time.perf_counter()
         finished = self.batch.add(requests)
@@ -201,7 +208,8 @@ class Engine:
     def _finish(self, finished: list[Request]) -> None:
         for request in finished:
             job = self.running.pop(id(request))
-            job.emit("done", {"tokens": request.tokens, "finish_reason": request.finish_reason})
+            result = {"tokens": request.tokens, "finish_reason": request.finish_reason}
+            job.emit("done", {**result, "prompt_scores": request.prompt_scores})
 
     def _translate(self, jobs: list[Job]) -> None:
         from attnkit.generation.batches import pad_right
@@ -241,5 +249,5 @@ class Engine:
             job.emit("error", message)
 
 
-def _emitter(job: Job) -> Callable[[int], None]:
-    return lambda token: job.emit("token", token)
+def _emitter(job: Job) -> Callable[[int, Scored | None], None]:
+    return lambda token, scored: job.emit("token", (token, scored))

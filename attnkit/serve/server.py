@@ -20,7 +20,7 @@ from types import FrameType
 
 import uvicorn
 
-from attnkit.serve.app import State
+from attnkit.serve.handling import State
 
 log = logging.getLogger("attnkit.serve")
 

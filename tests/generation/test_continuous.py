@@ -1,6 +1,8 @@
 """Continuous batching: requests joining a running batch at different steps, leaving it at
 different steps, cancelled or trimmed, each decode exactly as ``model.generate`` decodes that
-prompt alone (greedy and seeded sampling), for learned and rotary positions."""
+prompt alone (greedy and seeded sampling), for learned and rotary positions; the scores of
+chosen and prompt tokens against one full forward pass, equal prompts prefilled once, a prompt
+only scored, and the penalties against a loop that applies OpenAI's formula by hand."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 import attnkit
 from attnkit.generation.continuous import TRIM_AT, ContinuousBatch, Request
 from attnkit.generation.greedy import sampler
+from attnkit.generation.penalties import penalties
 
 
 def model_of(name: str) -> attnkit.models.Model:
@@ -60,7 +63,7 @@ def test_end_tokens_cancellation_and_trimmed_padding() -> None:
     eos = reference[6]
     streamed: list[int] = []
     first = Request(long, 30)
-    ending = Request(short, 30, eos=[eos], on_token=streamed.append)
+    ending = Request(short, 30, eos=[eos], on_token=lambda token, _: streamed.append(token))
     cancelled = Request(short, 30)
     batch = ContinuousBatch(model)
     batch.add([first, ending, cancelled])
@@ -102,3 +105,92 @@ def test_bad_requests_are_refused() -> None:
     with pytest.raises(ValueError, match="at least one token"):
         batch.add([Request([], 3)])
     assert len(batch) == 0
+
+
+def full_logprobs(model: attnkit.models.Model, ids: list[int]) -> torch.Tensor:
+    """log p(token t + 1 | tokens <= t) for every position of ``ids``, by one forward pass (T, vocab)."""
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+def test_scores_equal_one_full_forward_pass() -> None:
+    model = model_of("llama-tiny")
+    texts = prompts(model.config.vocab_size, [6, 13, 3])
+    scored = Request(texts[0], 7, top_logprobs=3, prompt_logprobs=2)
+    bystanders = [Request(texts[1], 5), Request(texts[2], 9, top_logprobs=0)]
+    batch = ContinuousBatch(model)
+    batch.add([scored, bystanders[0]])  # padded beside a longer prompt
+    batch.step()
+    batch.add(bystanders[1:])
+    while len(batch):
+        batch.step()
+    for request, k in ((scored, 3), (bystanders[1], 0)):
+        sequence = [*request.prompt, *request.tokens]
+        oracle = full_logprobs(model, sequence)
+        new = range(len(request.prompt) - 1, len(sequence) - 1)  # positions predicting the new tokens
+        picked = torch.tensor([s.logprob for s in request.scores])
+        torch.testing.assert_close(picked, oracle[list(new), request.tokens], atol=1e-4, rtol=1e-4)
+        for position, s in zip(new, request.scores, strict=True):
+            assert [i for i, _ in s.top] == oracle[position].topk(k).indices.tolist()
+            torch.testing.assert_close(torch.tensor([v for _, v in s.top]), oracle[position].topk(k).values,
+                                       atol=1e-4, rtol=1e-4)  # fmt: skip
+    assert bystanders[0].scores == [] and bystanders[0].prompt_scores == []
+    prompt_oracle = full_logprobs(model, list(scored.prompt))
+    assert scored.prompt_scores[0] is None and len(scored.prompt_scores) == len(scored.prompt)
+    picked = torch.tensor([s.logprob for s in scored.prompt_scores[1:]])
+    torch.testing.assert_close(picked, prompt_oracle[range(len(scored.prompt) - 1), scored.prompt[1:]],
+                               atol=1e-4, rtol=1e-4)  # fmt: skip
+    assert [[i for i, _ in s.top] for s in scored.prompt_scores[1:]] == prompt_oracle[:-1].topk(2).indices.tolist()
+
+
+def test_equal_prompts_are_prefilled_once_and_a_prompt_can_only_be_scored() -> None:
+    model = model_of("gpt-tiny")
+    prompt = prompts(model.config.vocab_size, [8])[0]
+    choices = [
+        Request(prompt, 6, choose=sampler(1.0, None, None, torch.Generator().manual_seed(seed))) for seed in range(3)
+    ]
+    scored_only = Request(prompt, 0, prompt_logprobs=1)
+    rows: list[int] = []
+    hook = model.embeddings.register_forward_hook(lambda module, args, out: rows.append(out.shape[0]))
+    try:
+        batch = ContinuousBatch(model)
+        finished = batch.add([*choices, scored_only])
+    finally:
+        hook.remove()
+    assert rows == [1]  # one prefill row for four requests of one prompt
+    assert finished == [scored_only] and scored_only.tokens == [] and scored_only.finish_reason == "length"
+    assert len(scored_only.prompt_scores) == len(prompt)
+    while len(batch):
+        batch.step()
+    for seed, request in enumerate(choices):
+        assert request.tokens == alone(model, prompt, 6, do_sample=True, temperature=1.0, seed=seed)[:6]
+
+
+def test_penalties_follow_openais_formula() -> None:
+    logits = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    adjust = penalties(frequency=0.5, presence=0.25, bias={0: 10.0, 3: -100.0})
+    assert adjust is not None
+    expected = torch.tensor([11.0, 2.0 - 2 * 0.5 - 0.25, 3.0 - 0.5 - 0.25, -96.0])
+    torch.testing.assert_close(adjust(logits, [1, 2, 1]), expected)
+    assert penalties() is None and penalties(0.0, 0.0, {}) is None
+
+
+def test_penalised_greedy_equals_a_loop_by_hand() -> None:
+    model = model_of("gpt-tiny")
+    prompt = prompts(model.config.vocab_size, [5])[0]
+    frequency, presence, bias = 1.5, 0.5, {7: 3.0}
+    request = Request(prompt, 10, adjust=penalties(frequency, presence, bias))
+    batch = ContinuousBatch(model)
+    batch.add([request, Request(prompts(model.config.vocab_size, [9])[0], 10)])
+    while len(batch):
+        batch.step()
+    expected: list[int] = []
+    for _ in range(10):
+        with torch.no_grad():
+            logits = model(torch.tensor([[*prompt, *expected]])).logits[0, -1].float()
+        for token in set(expected):
+            logits[token] -= frequency * expected.count(token) + presence
+        logits[7] += 3.0
+        expected.append(int(logits.argmax()))
+    assert request.tokens == expected
+    assert request.tokens != alone(model, prompt, 10)  # the penalties changed the choice

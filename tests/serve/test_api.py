@@ -53,18 +53,24 @@ def continuation(model: Model, ids: list[int], new: int, **options: object) -> l
     return out[: out.index(eos)] if eos in out else out
 
 
-def error_of(response: httpx.Response, status: int, fragment: str) -> None:
+def error_of(response: httpx.Response, status: int, fragment: str, param: str | None = None) -> None:
     assert response.status_code == status, response.text
     body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type"}
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
     assert fragment in body["error"]["message"], body["error"]["message"]
+    if param is not None:
+        assert body["error"]["param"] == param
     assert "Traceback" not in response.text
 
 
 def test_health(gpt_client: TestClient, translator_client: TestClient) -> None:
     health = gpt_client.get("/health").json()
-    assert health == {"status": "ok", "model": "tiny-gpt", "family": "gpt",
-                      "limits": {"max_new_tokens": 64, "max_beams": 8}}  # fmt: skip
+    limits = {
+        "max_new_tokens": 64,
+        "max_input_tokens": gpt_client.app.state.attnkit.model.config.max_len,
+        "max_beams": 8,
+    }
+    assert health == {"status": "ok", "model": "tiny-gpt", "family": "gpt", "limits": limits}
     assert translator_client.get("/health").json()["family"] == "transformer"
     page = gpt_client.get("/")
     assert (
@@ -112,7 +118,7 @@ def test_chat_completions(gpt: Model, gpt_client: TestClient) -> None:
     assert answer["object"] == "chat.completion"
     assert answer["choices"][0]["message"] == {"role": "assistant", "content": expected}
     events = sse_events(gpt_client.post("/v1/chat/completions", json={**body, "stream": True}).text)
-    assert events[0]["choices"][0]["delta"] == {"role": "assistant"} and events[-1] == "[DONE]"
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""} and events[-1] == "[DONE]"
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == expected
 
 
@@ -189,46 +195,165 @@ def test_metrics_count_requests_and_tokens(gpt_client: TestClient) -> None:
 
 
 @pytest.mark.parametrize(
-    ("path", "body", "status", "fragment"),
+    ("path", "body", "status", "fragment", "param"),
     [
-        ("/v1/completions", b"{not json", 400, "is not valid JSON"),
-        ("/v1/completions", b"[1, 2]", 400, "send a JSON object"),
-        ("/v1/completions", {"prompt": "x", "temprature": 0}, 422, "unknown field(s) temprature"),
-        ("/v1/completions", {"max_tokens": 3}, 422, "'prompt' is required"),
-        ("/v1/completions", {"prompt": 5}, 422, "prompt must be a string, a list of strings or a list of token ids"),
-        ("/v1/completions", {"prompt": "x", "max_tokens": "3"}, 422, 'max_tokens must be an integer, got "3"'),
-        ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 422, "max_tokens must be between 1 and 64"),
-        ("/v1/completions", {"prompt": "x", "max_tokens": 65}, 413, "over this server's limit of 64"),
-        ("/v1/completions", {"prompt": "x", "temperature": -1}, 422, "temperature must be between 0.0 and 2.0"),
-        ("/v1/completions", {"prompt": "x", "top_p": 0}, 422, "top_p must be in (0, 1]"),
+        ("/v1/completions", b"{not json", 400, "is not valid JSON", None),
+        ("/v1/completions", b"[1, 2]", 400, "send a JSON object", None),
+        ("/v1/completions", {"max_tokens": 3}, 422, "'prompt' is required", "prompt"),
+        (
+            "/v1/completions",
+            {"prompt": 5},
+            422,
+            "prompt must be a string, a list of strings, a list of token ids",
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "x", "max_tokens": "3"},
+            422,
+            'max_tokens must be an integer, got "3"',
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "x", "max_tokens": -1},
+            422,
+            "max_tokens must be between 0 and 64",
+            "max_tokens",
+        ),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 65}, 413, "over this server's limit of 64", "max_tokens"),
+        (
+            "/v1/completions",
+            {"prompt": "x", "temperature": -1},
+            422,
+            "temperature must be between 0.0 and 2.0",
+            "temperature",
+        ),
+        ("/v1/completions", {"prompt": "x", "top_p": 0}, 422, "top_p must be in (0, 1]", "top_p"),
         (
             "/v1/completions",
             {"prompt": "x", "temperature": 1e-40},
             422,
             "temperature must be 0 (greedy) or at least 0.01",
+            "temperature",
         ),
-        ("/v1/completions", {"prompt": "x", "seed": 2**64}, 422, "seed must be between 0 and"),
-        ("/v1/completions", b"[" * 100000, 400, "is not valid JSON"),
-        ("/v1/completions", {"prompt": "x", "n": 2}, 422, "n must be 1"),
-        ("/v1/completions", {"prompt": "   "}, 400, "a prompt is empty"),
-        ("/v1/completions", {"prompt": [3, 10**6]}, 400, "token id 1000000 is out of range"),
-        ("/v1/completions", {"prompt": ["a"] * 9}, 413, "prompt must hold 1 to 8 prompts"),
-        ("/v1/completions", {"prompt": "x " * 600}, 413, "over this server's limit of"),
-        ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model 'gpt-4' is not served here"),
-        ("/v1/chat/completions", {"messages": []}, 422, "messages is empty"),
-        ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 422, "system|user|assistant"),
-        ("/v1/chat/completions", {"messages": "hi"}, 422, "messages must be a list of"),
-        ("/v1/translate", {"text": "hi"}, 400, "needs an encoder-decoder model"),
-        ("/v1/attention", {"text": ""}, 400, "text is empty"),
-        ("/v1/attention", {"text": "x", "layers": 2}, 422, "unknown field(s) layers"),
-        ("/v1/attention", {"text": "x " * 90}, 413, "attention maps are drawn for at most 128"),
+        ("/v1/completions", {"prompt": "x", "seed": 2**64}, 422, "seed must be between 0 and", "seed"),
+        ("/v1/completions", b"[" * 100000, 400, "is not valid JSON", None),
+        ("/v1/completions", {"prompt": "x", "n": 9}, 413, "n=9 is over this server's limit of 8", "n"),
+        ("/v1/completions", {"prompt": ["x", "y"], "n": 5}, 413, "2 prompts x n=5 are 10 choices", "n"),
+        ("/v1/completions", {"prompt": "x", "n": 0}, 422, "n must be between 1 and 8", "n"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 6}, 422, "logprobs must be between 0 and 5", "logprobs"),
+        ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 422, "give at most 4", "stop"),
+        ("/v1/completions", {"prompt": "x", "stop": [1]}, 422, "stop must be a string or a list of strings", "stop"),
+        ("/v1/completions", {"prompt": "x", "frequency_penalty": 3}, 422, "between -2.0 and 2.0", "frequency_penalty"),
+        ("/v1/completions", {"prompt": "x", "logit_bias": {"9999": 1}}, 422, "not a token id in 0..599", "logit_bias"),
+        ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 101}}, 422, "a number in -100..100", "logit_bias"),
+        (
+            "/v1/completions",
+            {"prompt": "x", "stream_options": {"include_usage": True}},
+            422,
+            "stream_options is only for stream: true",
+            "stream_options",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "x", "echo": True, "logprobs": 1, "stream": True},
+            422,
+            "set stream to false",
+            "echo",
+        ),
+        ("/v1/completions", {"prompt": "x", "suffix": "end"}, 400, "suffix is not supported", "suffix"),
+        ("/v1/completions", {"prompt": "x", "n": 1, "best_of": 3}, 400, "best_of must equal n (1)", "best_of"),
+        ("/v1/completions", {"prompt": "   "}, 400, "a prompt is empty", "prompt"),
+        ("/v1/completions", {"prompt": []}, 422, "prompt is an empty list", "prompt"),
+        ("/v1/completions", {"prompt": [[3, 4], []]}, 422, "a prompt of token ids is empty", "prompt"),
+        ("/v1/completions", {"prompt": [3, 10**6]}, 422, "token id 1000000, out of range", "prompt"),
+        (
+            "/v1/completions",
+            {"prompt": ["a"] * 9},
+            413,
+            "prompt holds 9 prompts, over this server's limit of 8",
+            "prompt",
+        ),
+        ("/v1/completions", {"prompt": "x " * 600}, 413, "over this server's limit of", None),
+        ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model 'gpt-4' is not served here", "model"),
+        (
+            "/v1/completions",
+            {"prompt": "x", "tools": [{"type": "function"}]},
+            400,
+            "attnkit does not call tools",
+            "tools",
+        ),
+        ("/v1/chat/completions", {"messages": []}, 422, "messages is empty", "messages"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "robot", "content": "x"}]},
+            422,
+            "messages[0].role must be one of system, developer, user, assistant",
+            "messages[0].role",
+        ),
+        ("/v1/chat/completions", {"messages": "hi"}, 422, "messages must be a list of", "messages"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": 3}]},
+            422,
+            "messages[0].content must be a string or a list of text parts",
+            "messages[0].content",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            400,
+            "content[0] is a 'image_url' part",
+            "messages[0].content",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "tool", "content": "42", "tool_call_id": "a"}]},
+            400,
+            "attnkit does not call tools",
+            "messages[0]",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+            422,
+            "top_logprobs needs logprobs: true",
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+            422,
+            "top_logprobs must be between 0 and 20",
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+            400,
+            "response_format {'type': 'json_object'} is not supported",
+            "response_format",
+        ),
+        ("/v1/embeddings", {"input": "hi"}, 400, "needs an encoder (BERT-family) model", "model"),
+        ("/v1/models/gpt-4", None, 404, "model 'gpt-4' is not served here", "model"),
+        ("/tokenize", {"prompt": "x", "messages": []}, 422, "send either prompt", "prompt"),
+        ("/detokenize", {"tokens": [10**6]}, 422, "out of range", "tokens"),
+        ("/v1/translate", {"text": "hi"}, 400, "needs an encoder-decoder model", "model"),
+        ("/v1/attention", {"text": ""}, 400, "text is empty", None),
+        ("/v1/attention", {"text": "x", "layers": 2}, 422, "unknown field(s) layers", "layers"),
+        ("/v1/attention", {"text": "x " * 90}, 413, "attention maps are drawn for at most 128", None),
     ],
 )
 def test_bad_requests_get_their_status_and_json(
-    gpt_client: TestClient, path: str, body: object, status: int, fragment: str
+    gpt_client: TestClient, path: str, body: object, status: int, fragment: str, param: str | None
 ) -> None:
-    sent = {"content": body} if isinstance(body, bytes) else {"json": body}
-    error_of(gpt_client.post(path, **sent), status, fragment)
+    if body is None:
+        response = gpt_client.get(path)
+    else:
+        response = gpt_client.post(path, **({"content": body} if isinstance(body, bytes) else {"json": body}))
+    error_of(response, status, fragment, param)
+    assert gpt_client.get("/health").status_code == 200  # and the server goes on
 
 
 @pytest.mark.parametrize(

@@ -65,7 +65,7 @@ def test_32_clients_of_mixed_requests(gpt_dir: Path, serving: Callable) -> None:
         invalid = [
             (b"{broken", 400),
             (json.dumps({"prompt": "x", "max_tokens": 33}).encode(), 413),
-            (json.dumps({"prompt": "x", "colour": "red"}).encode(), 422),
+            (json.dumps({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}).encode(), 422),
             (json.dumps({"prompt": [10**7]}).encode(), 400),
         ]
         statuses: list[int] = []

@@ -1,0 +1,119 @@
+"""``POST /v1/chat/completions``, OpenAI's chat API for GPT-family models with a chat template:
+messages whose content is text or a list of text parts, rendered by the model's template;
+``logprobs`` with up to 20 ``top_logprobs`` per token in the chat shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
+from starlette.routing import Route
+
+from attnkit.generation.continuous import Scored
+from attnkit.generation.text import TemplateRefusalError, chat_prompt
+from attnkit.serve.handling import handled
+from attnkit.serve.sampling import Choice, CompletionApi, Sampling
+from attnkit.serve.schema import ApiError, in_range
+
+# OpenAI's bound on the likeliest tokens listed per token.
+MAX_TOP_LOGPROBS = 20
+# The roles a message may have; OpenAI's "developer" is the system's message of newer models.
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class Chat(CompletionApi):
+    kind = "chat.completion"
+    endpoint = "/v1/chat/completions"
+
+    def routes(self) -> list[Route]:
+        return [Route(self.endpoint, handled(self.chat), methods=["POST"])]
+
+    async def chat(self, request: HttpRequest) -> Response:
+        spec = dict(messages="messages", max_completion_tokens="int", logprobs="bool", top_logprobs="int")
+        body = self.read(await self.body(request), spec, "messages")
+        template = getattr(self.state.model, "chat_template", None)
+        if not template:
+            raise ApiError(400, "this server's model has no chat template; use /v1/completions")
+        messages = [message_of(n, m) for n, m in enumerate(body["messages"])]
+        if not messages:
+            raise ApiError(422, "messages is empty; send at least one message", param="messages")
+        try:
+            ids = chat_prompt(template, self.tokenizer, self.state.model.config, messages)
+        except TemplateRefusalError as err:  # the template's own check of the conversation
+            raise ApiError(
+                400, f"the model's chat template refuses this conversation: {err}", param="messages"
+            ) from None
+        except ValueError as err:
+            raise ApiError(500, str(err), "server_error") from None
+        s = self.sampling(body, body.get("max_completion_tokens", body.get("max_tokens")), 1)
+        if body.get("logprobs", False):
+            s.top_logprobs = body.get("top_logprobs", 0)
+            in_range("top_logprobs", s.top_logprobs, 0, MAX_TOP_LOGPROBS)
+        elif body.get("top_logprobs") is not None:
+            raise ApiError(422, "top_logprobs needs logprobs: true", param="top_logprobs")
+        choices = self.choices([ids], s)
+        return await self.answer(request, [ids], choices, s)
+
+    def opening(self, choice: Choice, s: Sampling) -> dict[str, Any] | None:
+        return {"index": choice.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None}  # fmt: skip
+
+    def choice_body(
+        self,
+        choice: Choice,
+        text: str,
+        tokens: list[tuple[int, int, Scored | None]],
+        finish: str | None,
+        s: Sampling,
+        final: bool,
+    ) -> dict[str, Any]:
+        logprobs = None
+        if s.top_logprobs is not None:
+            logprobs = {"content": [self._entry(t, sc) for t, _, sc in tokens if sc is not None]}
+        if final:
+            return {"index": choice.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                    "finish_reason": finish}  # fmt: skip
+        delta = {"content": text} if text else {}
+        return {"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+    def _entry(self, token: int, scored: Scored) -> dict[str, Any]:
+        def one(i: int, logprob: float) -> dict[str, Any]:
+            text = self.token_text(i)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        return {**one(token, scored.logprob), "top_logprobs": [one(i, v) for i, v in scored.top]}
+
+
+def message_of(n: int, message: dict[str, Any]) -> dict[str, str]:
+    """A message as the chat template reads it: its role, its content as one text (text parts
+    joined), its name if it has one."""
+    where = f"messages[{n}]"
+    role = message.get("role")
+    if role == "tool" or message.get("tool_calls"):
+        raise ApiError(400, f"{where} is a tool call or result: attnkit does not call tools", param=where)
+    if role not in ROLES:
+        raise ApiError(
+            422, f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param=f"{where}.role"
+        )  # fmt: skip
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = []
+        for k, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ApiError(
+                    400, f"{where}.content[{k}] is a {kind!r} part; attnkit's models read text parts only "
+                    '({"type": "text", "text": ...})', param=f"{where}.content",
+                )  # fmt: skip
+            texts.append(part["text"])
+        content = "\n".join(texts)
+    if not isinstance(content, str):
+        raise ApiError(
+            422, f"{where}.content must be a string or a list of text parts, got {content!r}"[:200],
+            param=f"{where}.content",
+        )  # fmt: skip
+    out = {"role": ROLES[role], "content": content}
+    if isinstance(message.get("name"), str):
+        out["name"] = message["name"]
+    return out

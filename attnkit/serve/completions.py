@@ -1,0 +1,118 @@
+"""``POST /v1/completions``, OpenAI's completions API for GPT-family models: a prompt as text,
+texts, token ids or lists of them; ``echo`` with the prompt's own log-probabilities (the first
+null), as lm-evaluation-harness scores a continuation; ``logprobs`` in the API's legacy shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
+from starlette.routing import Route
+
+from attnkit.generation.continuous import Scored
+from attnkit.generation.text import TextStream, prompt_ids
+from attnkit.serve.handling import handled
+from attnkit.serve.sampling import Choice, CompletionApi, Sampling
+from attnkit.serve.schema import ApiError, in_range
+
+# OpenAI's bound on the likeliest tokens listed per token.
+MAX_LOGPROBS = 5
+# OpenAI's default number of new tokens of a completion.
+DEFAULT_MAX_TOKENS = 16
+
+
+class Completions(CompletionApi):
+    kind = "text_completion"
+    endpoint = "/v1/completions"
+
+    def routes(self) -> list[Route]:
+        return [Route(self.endpoint, handled(self.complete), methods=["POST"])]
+
+    async def complete(self, request: HttpRequest) -> Response:
+        spec = dict(prompt="inputs", echo="bool", logprobs="int", best_of="int", suffix="str")
+        body = self.read(await self.body(request), spec, "prompt")
+        if body.get("suffix"):
+            raise ApiError(400, "suffix is not supported: attnkit's models complete text left to right", param="suffix")
+        prompts = self._prompts(body["prompt"])
+        s = self.sampling(body, body.get("max_tokens", DEFAULT_MAX_TOKENS), len(prompts))
+        if body.get("best_of", s.n) != s.n:
+            raise ApiError(400, f"best_of must equal n ({s.n}): attnkit returns every choice it makes", param="best_of")
+        s.echo, s.top_logprobs = body.get("echo", False), body.get("logprobs")
+        if s.top_logprobs is not None:
+            in_range("logprobs", s.top_logprobs, 0, MAX_LOGPROBS)
+        if s.echo and s.stream and s.top_logprobs is not None:
+            raise ApiError(
+                422, "echo with logprobs is answered whole: the prompt's scores come with the answer; "
+                "set stream to false", param="echo",
+            )  # fmt: skip
+        choices = self.choices(prompts, s, prompt_logprobs=s.top_logprobs if s.echo else None)
+        return await self.answer(request, prompts, choices, s)
+
+    def _prompts(self, prompt: str | list) -> list[list[int]]:
+        """The prompt(s) as token ids: a text, texts, ids, or lists of ids."""
+        limit = self.state.limits.max_batch
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if not prompt:
+            raise ApiError(422, "prompt is an empty list; send a text or token ids", param="prompt")
+        if len(prompt) > limit and not isinstance(prompt[0], int):
+            raise ApiError(
+                413, f"prompt holds {len(prompt)} prompts, over this server's limit of {limit}", param="prompt"
+            )
+        if isinstance(prompt[0], str):
+            if any(not t.strip() for t in prompt):
+                raise ApiError(400, "a prompt is empty; send some text", param="prompt")
+            return prompt_ids(self.tokenizer, self.state.model.config, prompt)
+        rows = [prompt] if isinstance(prompt[0], int) else prompt
+        for ids in rows:
+            if not ids:
+                raise ApiError(422, "a prompt of token ids is empty; send at least one id", param="prompt")
+            self.check_ids(ids, "the prompt", "prompt")
+        return [list(ids) for ids in rows]
+
+    def opening(self, choice: Choice, s: Sampling) -> dict[str, Any] | None:
+        if not s.echo:
+            return None
+        text, _ = self._prompt_text(choice)
+        return {"index": choice.index, "text": text, "logprobs": None, "finish_reason": None}
+
+    def choice_body(
+        self,
+        choice: Choice,
+        text: str,
+        tokens: list[tuple[int, int, Scored | None]],
+        finish: str | None,
+        s: Sampling,
+        final: bool,
+    ) -> dict[str, Any]:
+        start = ""
+        if s.echo:
+            start, offsets = self._prompt_text(choice)
+            if final and s.top_logprobs is not None:
+                assert choice.prompt_scores is not None
+                prompt = choice.job.options["ids"]
+                tokens = [*zip(prompt, offsets, choice.prompt_scores, strict=True), *tokens]
+                tokens = [(t, o if n < len(prompt) else o + len(start), sc) for n, (t, o, sc) in enumerate(tokens)]
+            else:
+                tokens = [(t, o + len(start), sc) for t, o, sc in tokens]
+        logprobs = None if s.top_logprobs is None else self._logprobs(tokens)
+        return {"index": choice.index, "text": start + text if final else text, "logprobs": logprobs,
+                "finish_reason": finish}  # fmt: skip
+
+    def _prompt_text(self, choice: Choice) -> tuple[str, list[int]]:
+        """The prompt's text and each of its tokens' offset in it."""
+        stream, offsets = TextStream(self.tokenizer), []
+        for token in choice.job.options["ids"]:
+            offsets.append(len(stream.text))
+            stream.push(token)
+        return stream.text + stream.finish(), offsets
+
+    def _logprobs(self, tokens: list[tuple[int, int, Scored | None]]) -> dict[str, list]:
+        text = self.token_text
+        return {
+            "tokens": [text(t) for t, _, _ in tokens],
+            "token_logprobs": [None if sc is None else sc.logprob for _, _, sc in tokens],
+            "top_logprobs": [None if sc is None else {text(i): v for i, v in sc.top} for _, _, sc in tokens],
+            "text_offset": [o for _, o, _ in tokens],
+        }
