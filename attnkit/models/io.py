@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
 from torch import Tensor
 
 from attnkit.config import ModelConfig, from_dict
@@ -81,8 +82,9 @@ def refuse_pickles(directory: Path) -> None:
 
 # A sharded checkpoint: the index maps each tensor to its shard (transformers' layout).
 WEIGHTS_INDEX = "model.safetensors.index.json"
-# Where the chat template is, as transformers keeps it.
+# The tokenizer's settings for transformers (special tokens, chat template), as it keeps them.
 TOKENIZER_CONFIG = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 
 
 def read_safetensors(directory: Path) -> dict[str, Tensor]:
@@ -287,17 +289,84 @@ def attach_tokenizer(model: torch.nn.Module, directory: Path, hugging_face: bool
     model.tokenizer_sources = sentencepiece_files(directory)
 
 
-def tokenizer_files(model: torch.nn.Module) -> dict[str, bytes]:
+def tokenizer_files(model: torch.nn.Module, hugging_face: bool = False) -> dict[str, bytes]:
     """The files that give a written directory ``model``'s tokenizer: ``tokenizer.json``, the
-    SentencePiece files it came with and its chat template (in ``tokenizer_config.json``)."""
-    files = dict(getattr(model, "tokenizer_sources", None) or {})
+    SentencePiece files it came with, ``special_tokens_map.json`` (:func:`special_tokens`) and
+    ``tokenizer_config.json``: the tokenizer class (``transformers``' generic fast one over
+    ``tokenizer.json``; beside SentencePiece files none, so that it picks Marian's or T5's by
+    the model type, as before), the special tokens, ``model_max_length`` (``max_len``), decoding
+    without space clean-up, and the chat template. ``hugging_face`` (an export): the
+    ``tokenizer.json`` also adds the specials attnkit adds to a text itself
+    (:func:`with_specials`). A model without a tokenizer writes only its chat template, if any."""
+    sources = getattr(model, "tokenizer_sources", None) or {}
+    files = dict(sources)
     tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is not None:
-        files[TOKENIZER] = tokenizer.to_str().encode()
     template = getattr(model, "chat_template", None)
+    settings: dict[str, Any] = {}
+    if tokenizer is not None:
+        written = with_specials(tokenizer, model.config) if hugging_face else tokenizer
+        files[TOKENIZER] = written.to_str().encode()
+        specials = special_tokens(tokenizer, model.config)
+        files[SPECIAL_TOKENS_MAP] = _json_bytes(specials)
+        settings = {} if sources else {"tokenizer_class": "PreTrainedTokenizerFast"}
+        settings |= {**specials, "model_max_length": model.config.max_len, "clean_up_tokenization_spaces": False}
     if template:
-        files[TOKENIZER_CONFIG] = (json.dumps({"chat_template": template}, indent=2) + "\n").encode()
+        settings["chat_template"] = template
+    if settings:
+        files[TOKENIZER_CONFIG] = _json_bytes(settings)
     return files
+
+
+def special_tokens(tokenizer: Tokenizer, cfg: ModelConfig) -> dict[str, str]:
+    """The special tokens of ``cfg``'s ids as ``tokenizer`` spells them, under ``transformers``'
+    names; the unknown token is the tokenizer model's own (or ``<unk>``), and a BERT-family
+    model's [CLS], [SEP] and [MASK] are those of its vocabulary, else attnkit's ``<s>``,
+    ``</s>`` and ``<mask>``, which its masked-LM objective uses so. A token without an id is left out."""
+    from attnkit.data.specials import MASK, UNK
+
+    ids = {"bos_token": cfg.bos_token_id, "eos_token": cfg.eos_token_id, "pad_token": cfg.pad_token_id}
+    tokens = {name: tokenizer.id_to_token(i) for name, i in ids.items() if i is not None}
+    model = json.loads(tokenizer.to_str())["model"]
+    unk_id = model.get("unk_id")  # Unigram (SentencePiece) names its unknown piece by id, BPE and WordPiece by text
+    tokens["unk_token"] = tokenizer.id_to_token(unk_id) if isinstance(unk_id, int) else model.get("unk_token") or UNK
+    if cfg.family == "bert":  # each the first of two that the vocabulary has, as fill_mask chooses
+        choices = {"cls_token": ("[CLS]", tokens.get("bos_token")), "sep_token": ("[SEP]", tokens.get("eos_token"))}
+        for name, (first, second) in {**choices, "mask_token": (MASK, "[MASK]")}.items():
+            tokens[name] = first if tokenizer.token_to_id(first) is not None else second
+    return {name: token for name, token in tokens.items() if token and tokenizer.token_to_id(token) is not None}
+
+
+def with_specials(tokenizer: Tokenizer, cfg: ModelConfig) -> Tokenizer:
+    """``tokenizer``, or a copy that adds, as it encodes a text, the specials attnkit adds itself
+    where the tokenizer does not: ``<s>`` before a prompt of attnkit's own GPT (``prompt_ids``),
+    ``<s>`` ... ``</s>`` around its own BERT's text (its masked-LM objective, ``fill_mask``),
+    ``</s>`` after an encoder–decoder's source (``source_ids``); so that ``transformers``, which
+    adds only what ``tokenizer.json`` says, reads a text as attnkit does. A pair of texts is
+    joined as ``transformers``' tokenizers join one (BERT's ``[CLS] A [SEP] B [SEP]``)."""
+    from tokenizers import processors
+
+    from attnkit.data.specials import BOS
+
+    bos, eos = cfg.bos_token_id, cfg.eos_token_id
+    probe = tokenizer.encode("a").ids
+    own = bos is not None and tokenizer.token_to_id(BOS) == bos  # attnkit's tokenizer: its objectives add <s>
+    start = [(tokenizer.id_to_token(bos), bos)] if own and not cfg.is_encoder_decoder and probe[:1] != [bos] else []
+    ends = eos is not None and probe[-1:] != [eos] and (cfg.is_encoder_decoder or (own and cfg.family == "bert"))
+    end = [(tokenizer.id_to_token(eos), eos)] if ends else []
+    if not start and not end:
+        return tokenizer
+    single = [*(t for t, _ in start), "$A", *(t for t, _ in end)]
+    again = [] if cfg.family == "bert" else [f"{t}:1" for t, _ in start]
+    pair = [*single, *again, "$B:1", *(f"{t}:1" for t, _ in end)]
+    template = processors.TemplateProcessing(single=single, pair=pair, special_tokens=list(dict(start + end).items()))
+    kept = tokenizer.post_processor  # GPT-2's ByteLevel one trims offsets: it goes first
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.post_processor = template if kept is None else processors.Sequence([kept, template])
+    return copy
+
+
+def _json_bytes(data: dict[str, Any]) -> bytes:
+    return (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode()
 
 
 def _fsync_dir(path: Path) -> None:

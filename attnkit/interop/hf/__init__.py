@@ -80,7 +80,13 @@ def export_hf(
 ) -> None:
     """Write ``model`` as a Hugging Face directory that ``transformers`` loads with its
     ``from_pretrained`` and that gives the same logits; weights above ``max_shard_bytes``
-    are split into shards with a ``model.safetensors.index.json``, as ``transformers`` does."""
+    are split into shards with a ``model.safetensors.index.json``, as ``transformers`` does.
+
+    With a tokenizer the directory is whole for ``AutoTokenizer``, pipelines and
+    lm-evaluation-harness's ``hf`` model (:func:`~attnkit.models.io.tokenizer_files`), and its
+    ``tokenizer.json`` adds the specials attnkit adds itself, so that ``encode`` gives attnkit's
+    ids; only a text that already spells them out gets them twice there, and an empty source
+    is ``[</s>]`` there, empty in attnkit."""
     from attnkit.nn.lora import merged_copy
 
     check_savable(model)
@@ -105,7 +111,7 @@ def export_hf(
         weight_map = {name: file for file, group in shards.items() for name in group}
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         files[WEIGHTS_INDEX] = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
-    files.update(tokenizer_files(model))
+    files.update(tokenizer_files(model, hugging_face=True))
     special = {**special_ids_to_hf(config), "decoder_start_token_id": config.decoder_start_token_id}
     defaults = {k: v for k, v in special.items() if v is not None} | (getattr(model, "generation_defaults", None) or {})
     files[GENERATION_CONFIG] = write_generation_config(defaults)
