@@ -24,9 +24,9 @@ from attnkit.generation.text import chat_prompt, prompt_ids
 from attnkit.models import Model
 
 pytest.importorskip("starlette", reason="the serve extra is not installed: pip install 'attnkit[serve]'")
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient
 
-from attnkit.serve import Limits, create_app  # noqa: E402
+from attnkit.serve import Limits, create_app
 
 PROMPT = "In the beginning God created"
 MESSAGES = [{"role": "user", "content": "Who made the earth?"}]
@@ -84,8 +84,8 @@ def test_completion_logprobs_are_one_forward_passs(gpt: Model, client: TestClien
     assert_close(torch.tensor(lp["token_logprobs"]), oracle[range(6), new], atol=1e-4, rtol=1e-4)
     for position, top in enumerate(lp["top_logprobs"]):
         values, token_ids = oracle[position].topk(3)
-        assert top == pytest.approx({text([i], skip_special_tokens=False): v
-                                     for i, v in zip(token_ids.tolist(), values.tolist(), strict=True)}, abs=1e-4)  # fmt: skip
+        pairs = zip(token_ids.tolist(), values.tolist(), strict=True)
+        assert top == pytest.approx({text([i], skip_special_tokens=False): v for i, v in pairs}, abs=1e-4)
         assert max(top.values()) == pytest.approx(lp["token_logprobs"][position], abs=1e-5)  # greedy: the top one
     offsets = lp["text_offset"]
     assert offsets[0] == 0 and offsets == sorted(offsets) and offsets[-1] <= len(choice["text"])
@@ -128,7 +128,8 @@ def test_chat_logprobs_in_the_chat_shape(gpt: Model, client: TestClient) -> None
         assert entry["bytes"] == list(entry["token"].encode())
         assert [t["logprob"] for t in entry["top_logprobs"]] == pytest.approx(row.topk(2).values.tolist(), abs=1e-4)
     streamed = sse_chunks(client.post("/v1/chat/completions", json={**body, "stream": True}).text)
-    entries = [e for c in streamed if c["choices"] and c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]  # fmt: skip
+    scored = [c["choices"][0]["logprobs"] for c in streamed if c["choices"] and c["choices"][0]["logprobs"]]
+    entries = [e for lp in scored for e in lp["content"]]
     assert [e["logprob"] for e in entries] == pytest.approx([e["logprob"] for e in content], abs=1e-5)
 
 
@@ -186,8 +187,14 @@ def test_streamed_usage_and_content_parts(client: TestClient) -> None:
 
 
 def test_unknown_fields_are_ignored_and_logged_once(client: TestClient, caplog: pytest.LogCaptureFixture) -> None:
-    body = {"messages": MESSAGES, "temperature": 0, "max_completion_tokens": 4, "parallel_tool_calls": False,
-            "metadata": {"a": "b"}, "store": False, "tool_choice": "none", "response_format": {"type": "text"}}  # fmt: skip
+    unused = {"parallel_tool_calls": False, "metadata": {"a": "b"}, "store": False, "tool_choice": "none"}
+    body = {
+        "messages": MESSAGES,
+        "temperature": 0,
+        "max_completion_tokens": 4,
+        "response_format": {"type": "text"},
+        **unused,
+    }
     with caplog.at_level(logging.WARNING, logger="attnkit.serve"):
         first = client.post("/v1/chat/completions", json=body)
         second = client.post("/v1/chat/completions", json=body)

