@@ -218,3 +218,35 @@ def test_the_serve_benchmark_runs(gpt_dir: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     served = json.loads(out.read_text())["serve"]["served"]
     assert set(served) == {"1", "8", "32"} and all(row["tokens"] > 0 for row in served.values())
+
+
+def test_an_over_long_body_gets_a_413_the_client_can_read(gpt_dir: Path, serving: Callable) -> None:
+    """A client still sending a 4 MB body (against the 1 MiB default) reads the 413: the server
+    reads and drops the rest first, instead of closing on unread data (a reset)."""
+    body = json.dumps({"prompt": "x" * (4 << 20)}).encode()
+
+    def post(sock: socket.socket, chunked: bool) -> bytes:
+        length = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {len(body)}"
+        sock.sendall(
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{length}\r\n\r\n".encode()
+        )
+        for start in range(0, len(body), 1 << 16):  # slowly: the answer is ready long before the body is sent
+            piece = body[start : start + (1 << 16)]
+            sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+            time.sleep(0.002)
+        if chunked:
+            sock.sendall(b"0\r\n\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}}"):
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+        return answer
+
+    with serving(gpt_dir) as (url, _, _):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        for chunked in (False, True):
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                answer = post(sock, chunked)
+            assert answer.startswith(b"HTTP/1.1 413") and b"over this server's limit of 1048576" in answer
+        assert httpx.post(f"{url}/v1/completions", json={"prompt": "And", "max_tokens": 2}).status_code == 200
