@@ -174,10 +174,12 @@ TASKS = {
     },
     "attnkit_capitals_gen": {
         "output_type": "generate_until",
-        "doc_to_text": "What is the capital of {{country}}? Answer with the city only.",
+        "doc_to_text": "The capital of {{country}} is",
         "doc_to_target": "{{choices[answer]}}",
         "generation_kwargs": {"until": ["\n", "."], "max_gen_toks": 8, "do_sample": False, "temperature": 0},
-        "metric_list": [{"metric": "exact_match", "ignore_case": True, "ignore_punctuation": True}],
+        "metric_list": [
+            {"metric": "exact_match", "ignore_case": True, "ignore_punctuation": True, "regexes_to_ignore": [" "]}
+        ],
     },
 }
 
@@ -228,15 +230,16 @@ def test_lm_eval_through_the_server_equals_lm_eval_on_the_export(
                      atol=2e-3, rtol=0)  # fmt: skip
         assert [r[0][1] for r in ours["resps"]] == [r[0][1] for r in theirs["resps"]]
     generated = {}
-    for model, args in (
-        ("hf", hf),
-        ("local-completions", {**api, "base_url": f"{chat_server}/v1/completions"}),
+    for model, args, chat in (
+        ("hf", hf, False),
+        ("local-completions", {**api, "base_url": f"{chat_server}/v1/completions"}, False),
+        ("hf", hf, True),
         ("local-chat-completions", {**api, "base_url": f"{chat_server}/v1/chat/completions",
-                                    "tokenized_requests": False}),
+                                    "tokenized_requests": False}, True),
     ):  # fmt: skip
-        chat = model != "local-completions"
-        key = f"{model}{' chat' if chat else ''}"
-        generated[key] = [s["resps"][0][0] for s in evaluate(tasks, "attnkit_capitals_gen", model, args, chat)[1]]
+        samples = evaluate(tasks, "attnkit_capitals_gen", model, args, chat)[1]
+        generated[f"{model}{' chat' if chat else ''}"] = [s["resps"][0][0] for s in samples]
+    assert generated["local-completions"] == generated["hf"]  # cut at the task's stop sequences
     assert generated["local-chat-completions chat"] == generated["hf chat"]
-    assert any("Paris" in answer for answer in generated["hf chat"])
-    assert not any("\n" in answer or "." in answer for answer in generated["local-completions"])  # its stop
+    assert generated["hf"][0] == " Paris"
+    assert not any("\n" in answer or "." in answer for answer in generated["local-completions"])
