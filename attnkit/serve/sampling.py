@@ -259,7 +259,7 @@ class CompletionApi(Api):
                 pass
 
         await watched(request, run(), [c.job for c in choices])
-        body = [self.choice_body(c, c.shown, c.tokens, c.finish_reason, s, final=True) for c in choices]
+        body = [self.choice_body(Delta(c, c.shown, c.tokens, c.finish_reason), s, final=True) for c in choices]
         return JSONResponse({**head, "object": self.kind, "choices": body, "usage": self.usage(prompts, choices)})
 
     async def _stream(
@@ -274,7 +274,7 @@ class CompletionApi(Api):
         async for delta in self.deltas(choices):
             scored = s.top_logprobs is not None and delta.tokens
             if delta.text or scored or delta.finish_reason:
-                body = self.choice_body(delta.choice, delta.text, delta.tokens, delta.finish_reason, s, final=False)
+                body = self.choice_body(delta, s, final=False)
                 yield sse({**head, "object": kind, "choices": [body], **extra})
         usage = self.usage(prompts, choices)
         if s.include_usage:
@@ -284,16 +284,9 @@ class CompletionApi(Api):
         """A first streamed chunk of ``choice`` before any token (chat: the assistant's role)."""
         return None
 
-    def choice_body(
-        self,
-        choice: Choice,
-        text: str,
-        tokens: list[tuple[int, int, Scored | None]],
-        finish: str | None,
-        s: Sampling,
-        final: bool,
-    ) -> dict[str, Any]:
-        """A choice of the answer (``final``) or of a streamed chunk, in the API's shape."""
+    def choice_body(self, delta: Delta, s: Sampling, final: bool) -> dict[str, Any]:
+        """A choice of the answer (``final``: ``delta`` holds all of it) or of a streamed chunk,
+        in the API's shape."""
         raise NotImplementedError
 
     def token_text(self, token: int) -> str:

