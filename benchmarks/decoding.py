@@ -41,7 +41,7 @@ import torch
 
 import attnkit
 from attnkit.generation.batches import pad_right
-from attnkit.machine import keep_freed_memory, native_bf16
+from attnkit.machine import keep_freed_memory
 from benchmarks.common import Comparison, round_robin
 from benchmarks.ct2_worker import Worker
 from benchmarks.generation import _hf_gpt2, _hf_options
@@ -76,7 +76,18 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def formats() -> list[str]:
-    return ["fp32", "bf16", "int8"] if native_bf16(torch.device("cpu")) else ["fp32"]
+    """The weight formats this CPU runs faster than emulation: bf16 where it is native, int8
+    there or through attnkit's AVX2 kernel."""
+    from attnkit.models.weights import WEIGHT_FORMATS, check_format
+
+    runs = []
+    for fmt in WEIGHT_FORMATS:
+        try:
+            check_format(fmt, torch.device("cpu"))
+        except ValueError:
+            continue
+        runs.append(fmt)
+    return runs
 
 
 def missing_ctranslate2() -> str | None:
