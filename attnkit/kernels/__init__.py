@@ -145,6 +145,9 @@ def int8_matmul(x: Tensor, q: Tensor, scales: Tensor, kernel: str = "auto") -> T
     ``scales`` (n, k / 32) (:func:`quantize_blocks` of the weights), ``x`` quantised the same
     way: (m, n) fp32. ``kernel``: "avx2", "reference", or "auto" (AVX2 where it runs). k must be
     a multiple of 32 (pad both sides with zeros)."""
+    if kernel != "reference" and torch.compiler.is_compiling():
+        # The op, opaque to the graph: a model holds block scales only where the kernel runs.
+        return _int8_matmul_avx2(x.float(), q, scales.float())
     if kernel not in KERNELS:
         raise ValueError(f"kernel={kernel!r} is not an int8 kernel; use one of {', '.join(KERNELS)}")
     if x.shape[-1] % BLOCK or q.shape[-1] != x.shape[-1]:
@@ -153,6 +156,4 @@ def int8_matmul(x: Tensor, q: Tensor, scales: Tensor, kernel: str = "auto") -> T
         kernel = _auto()
     if kernel == "reference":
         return int8_matmul_reference(x, q, scales)
-    if torch.compiler.is_compiling():
-        return _int8_matmul_avx2(x.float(), q, scales.float())
     return _run_avx2(x.float(), q, scales.float())  # a kernel that cannot run: its one-line error
