@@ -54,14 +54,16 @@ class Request:
     new ones (0: the prompt is only scored), ending at any of ``eos`` (ids). ``adjust`` changes
     the logits before a choice (penalties, a bias); ``choose`` picks a token from next-token
     logits (1, vocab): greedy where None. ``top_logprobs``: score each new token with the k
-    likeliest (None: no scores); ``prompt_logprobs``: score the prompt's tokens too.
-    ``on_token`` is called with each new token and its score as it is chosen."""
+    likeliest (None: no scores); ``prompt_logprobs``: score the prompt's tokens too, handed to
+    ``on_prompt`` before any token. ``on_token`` is called with each new token and its score as
+    it is chosen."""
 
     prompt: Sequence[int]
     max_new_tokens: int
     eos: Sequence[int] = ()
     choose: Callable[[Tensor], Tensor] | None = None
     on_token: Callable[[int, Scored | None], None] | None = None
+    on_prompt: Callable[[list[Scored | None]], None] | None = None
     adjust: Adjust | None = None
     top_logprobs: int | None = None
     prompt_logprobs: int | None = None
@@ -126,6 +128,8 @@ class ContinuousBatch:
             if request.prompt_logprobs is not None:
                 scored = _prompt_scores(logits[row], ids[row], len(request.prompt), request.prompt_logprobs)
                 request.prompt_scores = [None, *scored]
+                if request.on_prompt is not None:
+                    request.on_prompt(request.prompt_scores)
         index = torch.tensor(rows, device=device)
         tokens, scores = self._choose(logits[:, -1].index_select(0, index), list(requests))
         finished = []

@@ -49,32 +49,43 @@ def _cache_dir() -> Path:
     return Path(root) / "attnkit" / "kernels"
 
 
-@functools.cache
 def _avx2_library() -> ctypes.CDLL:
     """The compiled ``int8_avx2.c``, built once per source and flags; a one-line
-    :class:`KernelUnavailableError` where the CPU lacks AVX2/FMA or there is no C compiler."""
+    :class:`KernelUnavailableError` where the CPU lacks AVX2/FMA, there is no C compiler, or the
+    cache cannot hold or load it (remembered: the build is not tried again)."""
+    built = _build()
+    if isinstance(built, KernelUnavailableError):
+        raise built
+    return built
+
+
+@functools.cache
+def _build() -> ctypes.CDLL | KernelUnavailableError:
     missing = {"avx2", "fma"} - cpu_flags()
     if missing:
-        raise KernelUnavailableError(f"the int8 AVX2 kernel needs {', '.join(sorted(missing))}, which this CPU lacks")
+        return KernelUnavailableError(f"the int8 AVX2 kernel needs {', '.join(sorted(missing))}, which this CPU lacks")
     compiler = os.environ.get("CC", "cc")
     if shutil.which(compiler) is None:
-        raise KernelUnavailableError(
+        return KernelUnavailableError(
             f"the int8 AVX2 kernel is compiled at first use and there is no C compiler ({compiler!r}); "
             "install one (e.g. apt-get install gcc) or set CC"
         )
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
     target = _cache_dir() / f"int8_avx2-{digest}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-            built = Path(scratch) / target.name
-            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
-            if done.returncode != 0:
-                first = (done.stderr.strip().splitlines() or ["no message"])[0]
-                raise KernelUnavailableError(f"the int8 AVX2 kernel did not compile with {compiler}: {first}")
-            os.replace(built, target)  # atomic: a concurrent build writes the same file
-    library = ctypes.CDLL(str(target))
+    try:
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+                built = Path(scratch) / target.name
+                done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+                if done.returncode != 0:
+                    first = (done.stderr.strip().splitlines() or ["no message"])[0]
+                    return KernelUnavailableError(f"the int8 AVX2 kernel did not compile with {compiler}: {first}")
+                os.replace(built, target)  # atomic: a concurrent build writes the same file
+        library = ctypes.CDLL(str(target))
+    except OSError as err:
+        return KernelUnavailableError(f"the int8 AVX2 kernel cannot be built or loaded in {target.parent} ({err})")
     library.attnkit_int8_matmul.restype = ctypes.c_int
     library.attnkit_int8_matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
     return library

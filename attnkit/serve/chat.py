@@ -63,7 +63,8 @@ class Chat(CompletionApi):
         choice, text, tokens, finish = delta.choice, delta.text, delta.tokens, delta.finish_reason
         logprobs = None
         if s.top_logprobs is not None:
-            logprobs = {"content": [self._entry(t, sc) for t, _, sc in tokens if sc is not None]}
+            eos = self.state.model.config.eos_token_id  # the end of the turn is not content
+            logprobs = {"content": [self._entry(t, sc) for t, _, sc in tokens if sc is not None and t != eos]}
         if final:
             return {"index": choice.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                     "finish_reason": finish}  # fmt: skip

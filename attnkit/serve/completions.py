@@ -94,12 +94,14 @@ class Completions(CompletionApi):
                 "finish_reason": finish}  # fmt: skip
 
     def _prompt_text(self, choice: Choice) -> tuple[str, list[int]]:
-        """The prompt's text and each of its tokens' offset in it."""
-        stream, offsets = TextStream(self.tokenizer), []
-        for token in choice.job.options["ids"]:
-            offsets.append(len(stream.text))
-            stream.push(token)
-        return stream.text + stream.finish(), offsets
+        """The prompt's text and each of its tokens' offset in it (made once per choice)."""
+        if choice.prompt_text is None:
+            stream, offsets = TextStream(self.tokenizer), []
+            for token in choice.job.options["ids"]:
+                offsets.append(len(stream.text))
+                stream.push(token)
+            choice.prompt_text = stream.text + stream.finish(), offsets
+        return choice.prompt_text
 
     def _logprobs(self, tokens: list[tuple[int, int, Scored | None]]) -> dict[str, list]:
         text = self.token_text

@@ -30,8 +30,9 @@ from attnkit.serve.metrics import Metrics
 
 log = logging.getLogger("attnkit.serve")
 
-# A job's events: ("token", value), ("done", result), ("error", message). A completion's token
-# value is (id, its score or None); a streamed translation's is (row, id).
+# A job's events: ("token", value), ("done", result), ("error", message), and for a completion
+# that scores its prompt ("prompt", scores) before any token. A completion's token value is
+# (id, its score or None); a streamed translation's is (row, id).
 Event = tuple[str, Any]
 
 
@@ -173,7 +174,8 @@ class Engine:
                 generator = torch.Generator().manual_seed(o["seed"] if o["seed"] is not None else secrets.randbits(63))
                 choose = sampler(o["temperature"], None, o["top_p"], generator)
             job.request = Request(
-                o["ids"], o["max_new_tokens"], o["eos"], choose, on_token=_emitter(job), adjust=o.get("adjust"),
+                o["ids"], o["max_new_tokens"], o["eos"], choose, on_token=_emitter(job),
+                on_prompt=lambda scores, job=job: job.emit("prompt", scores), adjust=o.get("adjust"),
                 top_logprobs=o.get("top_logprobs"), prompt_logprobs=o.get("prompt_logprobs"),
             )  # fmt: skip
             requests.append(job.request)
@@ -208,8 +210,7 @@ class Engine:
     def _finish(self, finished: list[Request]) -> None:
         for request in finished:
             job = self.running.pop(id(request))
-            result = {"tokens": request.tokens, "finish_reason": request.finish_reason}
-            job.emit("done", {**result, "prompt_scores": request.prompt_scores})
+            job.emit("done", {"tokens": request.tokens, "finish_reason": request.finish_reason})
 
     def _translate(self, jobs: list[Job]) -> None:
         from attnkit.generation.batches import pad_right

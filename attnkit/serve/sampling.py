@@ -72,6 +72,7 @@ class Choice:
     tokens: list[tuple[int, int, Scored | None]] = field(default_factory=list)  # (id, offset, score)
     finish_reason: str | None = None
     prompt_scores: list[Scored | None] | None = None
+    prompt_text: tuple[str, list[int]] | None = None  # the prompt's text and its tokens' offsets, once made
 
 
 @dataclass
@@ -156,7 +157,7 @@ class CompletionApi(Api):
     def _logit_bias(self, bias: dict[str, Any]) -> dict[int, float]:
         vocab, out = self.state.model.config.vocab_size, {}
         for key, value in bias.items():
-            if not (key.isdigit() and int(key) < vocab):
+            if not (key.isascii() and key.isdigit() and int(key) < vocab):
                 raise ApiError(422, f"logit_bias key {key!r} is not a token id in 0..{vocab - 1}", param="logit_bias")
             if not isinstance(value, int | float) or isinstance(value, bool) or not -MAX_BIAS <= value <= MAX_BIAS:
                 raise ApiError(
@@ -205,13 +206,16 @@ class CompletionApi(Api):
         try:
             while open_choices:
                 choice, event, value = await queue.get()
+                if event == "prompt":  # before any token
+                    choice.prompt_scores = value
+                    continue
                 if choice.finish_reason is not None:  # stopped at a stop sequence: its job is cancelled
                     continue
                 if event == "error":
                     raise value
                 if event == "token":
                     token, scored = value
-                    offset = len(choice.shown)
+                    offset = len(choice.text.text)  # in all the text so far, held back or not
                     piece = "" if token == eos else choice.stop.push(choice.text.push(token))
                     choice.shown += piece
                     choice.tokens.append((token, offset, scored))
@@ -226,7 +230,6 @@ class CompletionApi(Api):
                     rest += choice.stop.finish()
                     choice.shown += rest
                     choice.finish_reason = "stop" if choice.stop.stopped else value["finish_reason"]
-                    choice.prompt_scores = value["prompt_scores"]
                     open_choices -= 1
                     yield Delta(choice, rest, [], choice.finish_reason)
         finally:
@@ -267,18 +270,22 @@ class CompletionApi(Api):
     ) -> AsyncIterator[bytes]:
         kind = f"{self.kind}.chunk" if self.kind == "chat.completion" else self.kind
         extra = {"usage": None} if s.include_usage else {}
-        for choice in choices:
-            opening = self.opening(choice, s)
-            if opening is not None:
-                yield sse({**head, "object": kind, "choices": [opening], **extra})
-        async for delta in self.deltas(choices):
-            scored = s.top_logprobs is not None and delta.tokens
-            if delta.text or scored or delta.finish_reason:
-                body = self.choice_body(delta, s, final=False)
-                yield sse({**head, "object": kind, "choices": [body], **extra})
-        usage = self.usage(prompts, choices)
-        if s.include_usage:
-            yield sse({**head, "object": kind, "choices": [], "usage": usage})
+        try:
+            for choice in choices:
+                opening = self.opening(choice, s)
+                if opening is not None:
+                    yield sse({**head, "object": kind, "choices": [opening], **extra})
+            async for delta in self.deltas(choices):
+                scored = s.top_logprobs is not None and delta.tokens
+                if delta.text or scored or delta.finish_reason:
+                    body = self.choice_body(delta, s, final=False)
+                    yield sse({**head, "object": kind, "choices": [body], **extra})
+            usage = self.usage(prompts, choices)
+            if s.include_usage:
+                yield sse({**head, "object": kind, "choices": [], "usage": usage})
+        finally:  # the client may leave at any chunk, the first ones included
+            for choice in choices:
+                choice.job.cancelled.set()
 
     def opening(self, choice: Choice, s: Sampling) -> dict[str, Any] | None:
         """A first streamed chunk of ``choice`` before any token (chat: the assistant's role)."""

@@ -36,7 +36,10 @@ class Tokenize(Api):
         elif not body.get("add_special_tokens", True):
             ids = self.tokenizer.encode(body["prompt"], add_special_tokens=False).ids
         elif self.state.family == "gpt":  # the ids /v1/completions reads
-            ids = prompt_ids(self.tokenizer, self.state.model.config, [body["prompt"]])[0]
+            try:
+                ids = prompt_ids(self.tokenizer, self.state.model.config, [body["prompt"]])[0]
+            except ValueError as err:  # an empty prompt and no start token
+                raise ApiError(422, str(err), param="prompt") from None
         else:
             ids = self.tokenizer.encode(body["prompt"]).ids
         strings = [self.tokenizer.id_to_token(i) for i in ids] if body.get("return_token_strs") else None

@@ -62,7 +62,7 @@ def test_a_kernel_that_cannot_run_is_named_in_one_line(tmp_path: Path, monkeypat
         kernels.int8_matmul(x[:, :31], q[:, :31], scales)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CC", "no-such-compiler")
-    kernels._avx2_library.cache_clear()
+    kernels._build.cache_clear()
     kernels._auto.cache_clear()
     try:
         if not {"avx2", "fma"} <= kernels.cpu_flags():
@@ -72,11 +72,11 @@ def test_a_kernel_that_cannot_run_is_named_in_one_line(tmp_path: Path, monkeypat
         reference = kernels.int8_matmul(x, q, scales, kernel="reference")
         assert_close(kernels.int8_matmul(x, q, scales), reference)  # auto falls back
     finally:
-        kernels._avx2_library.cache_clear()
+        kernels._build.cache_clear()
         kernels._auto.cache_clear()
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"sse2"}))
     try:
         with pytest.raises(kernels.KernelUnavailableError, match="needs avx2, fma, which this CPU lacks"):
             kernels.int8_matmul(x, q, scales, kernel="avx2")
     finally:
-        kernels._avx2_library.cache_clear()
+        kernels._build.cache_clear()

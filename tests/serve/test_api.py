@@ -248,6 +248,7 @@ def test_metrics_count_requests_and_tokens(gpt_client: TestClient) -> None:
         ("/v1/completions", {"prompt": "x", "frequency_penalty": 3}, 422, "between -2.0 and 2.0", "frequency_penalty"),
         ("/v1/completions", {"prompt": "x", "logit_bias": {"9999": 1}}, 422, "not a token id in 0..599", "logit_bias"),
         ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 101}}, 422, "a number in -100..100", "logit_bias"),
+        ("/v1/completions", {"prompt": "x", "logit_bias": {"²": 1}}, 422, "not a token id", "logit_bias"),
         (
             "/v1/completions",
             {"prompt": "x", "stream_options": {"include_usage": True}},

@@ -114,6 +114,22 @@ def test_echo_scores_the_prompt_as_lm_eval_reads_it(gpt: Model, client: TestClie
     assert answer["usage"]["completion_tokens"] == 2 * max_tokens
 
 
+def test_scores_with_a_stop_sequence_and_their_offsets(gpt: Model, client: TestClient) -> None:
+    free = complete(client, max_tokens=24, logprobs=1)["choices"][0]
+    stop = free["text"][8:10]
+    ids = prompt_ids(gpt.tokenizer, gpt.config, [PROMPT])[0]
+    for echo in (False, True):
+        choice = complete(client, prompt=ids, max_tokens=24, logprobs=1, echo=echo, stop=stop)["choices"][0]
+        lp, start = choice["logprobs"], len(ids) if echo else 0
+        assert choice["finish_reason"] == "stop" and (lp["token_logprobs"][0] is None) == echo
+        new = lp["tokens"][start:]  # the generated tokens, up to the one that completed the stop
+        assert lp["token_logprobs"][start:] == pytest.approx(free["logprobs"]["token_logprobs"][: len(new)], abs=1e-5)
+        tokens = gpt.generate(torch.tensor([ids]), max_new_tokens=len(new))[0, len(ids) :].tolist()
+        prompt_text = gpt.tokenizer.decode(ids, skip_special_tokens=True) if echo else ""
+        expected = [len(prompt_text) + len(gpt.tokenizer.decode(tokens[:i])) for i in range(len(tokens))]
+        assert lp["text_offset"][start:] == expected  # offsets in all the text, held-back stop included
+
+
 def test_chat_logprobs_in_the_chat_shape(gpt: Model, client: TestClient) -> None:
     body = {"messages": MESSAGES, "temperature": 0, "max_completion_tokens": 5, "logprobs": True, "top_logprobs": 2}
     answer = client.post("/v1/chat/completions", json=body).json()
