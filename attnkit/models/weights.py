@@ -1,5 +1,5 @@
 """Weight formats for inference: a trained model's linear maps held as fp32 (as trained), bf16,
-or int8 with one scale per output row, behind the same ``forward`` and ``generate``.
+or int8, behind the same ``forward`` and ``generate``.
 
 * ``bf16``: every weight and activation in bfloat16, where the CPU computes it natively
   (AVX512-BF16 or AMX; elsewhere bf16 is emulated and slower than fp32, so it is refused).
@@ -11,8 +11,9 @@ or int8 with one scale per output row, behind the same ``forward`` and ``generat
   embeddings, norms and biases in bf16: the CPU kernel is fast only for bf16 inputs (measured
   here, one (1, 768) x (768, 3072) product: 59 µs with bf16 inputs, 131 µs for a bf16 matmul,
   285 µs fp32, 2.7 ms for the same kernel with fp32 inputs). Where bf16 is not native (an
-  AVX2-only CPU) the activations stay fp32 and are quantised to int8 in blocks of 32 at each
-  product, whose integer dot products run in attnkit's AVX2 kernel (:mod:`attnkit.kernels`).
+  AVX2-only CPU) the weights are int8 in blocks of 32 inputs with a scale each (llama.cpp's
+  Q8_0), the activations stay fp32 and are quantised the same way at each product, and the
+  integer dot products run in attnkit's AVX2 kernel (:mod:`attnkit.kernels`).
   A weight read costs a quarter of fp32's memory traffic, which is what bounds batch-1 decoding.
 """
 
@@ -57,7 +58,9 @@ def int8_linear(x: Tensor, q: Tensor, scales: Tensor, bias: Tensor | None = None
     quantised per block through :func:`attnkit.kernels.int8_matmul`; with row scales (out,),
     bf16 ``x`` through ``torch._weight_int8pack_mm`` (fp32 ``x``: dequantised). x: (..., in)
     -> (..., out)."""
-    flat = F.pad(x.reshape(-1, x.shape[-1]), (0, q.shape[1] - x.shape[-1]))
+    flat = x.reshape(-1, x.shape[-1])
+    if q.shape[1] != flat.shape[1]:  # inputs not a multiple of 32: the weights are padded with zeros
+        flat = F.pad(flat, (0, q.shape[1] - flat.shape[1]))
     if scales.dim() == 2:
         out = kernels.int8_matmul(flat.float(), q, scales).to(flat.dtype)
     elif flat.dtype == torch.bfloat16:
