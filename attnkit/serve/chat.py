@@ -8,11 +8,10 @@ from typing import Any
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
-from starlette.routing import Route
 
 from attnkit.generation.continuous import Scored
 from attnkit.generation.text import TemplateRefusalError, chat_prompt
-from attnkit.serve.handling import handled
+from attnkit.serve.handling import Api
 from attnkit.serve.sampling import Choice, CompletionApi, Delta, Sampling
 from attnkit.serve.schema import ApiError, in_range
 
@@ -26,26 +25,15 @@ class Chat(CompletionApi):
     kind = "chat.completion"
     endpoint = "/v1/chat/completions"
 
-    def routes(self) -> list[Route]:
-        return [Route(self.endpoint, handled(self.chat), methods=["POST"])]
-
-    async def chat(self, request: HttpRequest) -> Response:
+    async def respond(self, request: HttpRequest) -> Response:
         spec = dict(messages="messages", max_completion_tokens="int", logprobs="bool", top_logprobs="int")
         body = self.read(await self.body(request), spec, "messages")
         template = getattr(self.state.model, "chat_template", None)
         if not template:
             raise ApiError(400, "this server's model has no chat template; use /v1/completions")
-        messages = [message_of(n, m) for n, m in enumerate(body["messages"])]
-        if not messages:
+        if not body["messages"]:
             raise ApiError(422, "messages is empty; send at least one message", param="messages")
-        try:
-            ids = chat_prompt(template, self.tokenizer, self.state.model.config, messages)
-        except TemplateRefusalError as err:  # the template's own check of the conversation
-            raise ApiError(
-                400, f"the model's chat template refuses this conversation: {err}", param="messages"
-            ) from None
-        except ValueError as err:
-            raise ApiError(500, str(err), "server_error") from None
+        ids = conversation_ids(self, template, body["messages"])
         s = self.sampling(body, body.get("max_completion_tokens", body.get("max_tokens")), 1)
         if body.get("logprobs", False):
             s.top_logprobs = body.get("top_logprobs", 0)
@@ -77,6 +65,19 @@ class Chat(CompletionApi):
             return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
         return {**one(token, scored.logprob), "top_logprobs": [one(i, v) for i, v in scored.top]}
+
+
+def conversation_ids(api: Api, template: str, messages: list[dict[str, Any]], open_turn: bool = True) -> list[int]:
+    """``messages`` (as OpenAI's clients send them) through the served model's chat ``template``
+    as ids, the assistant's turn opened (``open_turn``); a conversation the template refuses is
+    a 400, a template that cannot be rendered a 500."""
+    readable = [message_of(n, m) for n, m in enumerate(messages)]
+    try:
+        return chat_prompt(template, api.tokenizer, api.state.model.config, readable, open_turn)
+    except TemplateRefusalError as err:  # the template's own check of the conversation
+        raise ApiError(400, f"the model's chat template refuses this conversation: {err}", param="messages") from None
+    except ValueError as err:
+        raise ApiError(500, str(err), "server_error") from None
 
 
 def message_of(n: int, message: dict[str, Any]) -> dict[str, str]:

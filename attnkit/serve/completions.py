@@ -8,11 +8,9 @@ from typing import Any
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
-from starlette.routing import Route
 
 from attnkit.generation.continuous import Scored
 from attnkit.generation.text import TextStream, prompt_ids
-from attnkit.serve.handling import handled
 from attnkit.serve.sampling import Choice, CompletionApi, Delta, Sampling
 from attnkit.serve.schema import ApiError, in_range
 
@@ -26,15 +24,15 @@ class Completions(CompletionApi):
     kind = "text_completion"
     endpoint = "/v1/completions"
 
-    def routes(self) -> list[Route]:
-        return [Route(self.endpoint, handled(self.complete), methods=["POST"])]
-
-    async def complete(self, request: HttpRequest) -> Response:
+    async def respond(self, request: HttpRequest) -> Response:
         spec = dict(prompt="inputs", echo="bool", logprobs="int", best_of="int", suffix="str")
         body = self.read(await self.body(request), spec, "prompt")
         if body.get("suffix"):
             raise ApiError(400, "suffix is not supported: attnkit's models complete text left to right", param="suffix")
-        prompts = self._prompts(body["prompt"])
+        config, limit = self.state.model.config, self.state.limits.max_batch
+        prompts = self.token_rows(
+            body["prompt"], "prompt", limit, lambda texts: prompt_ids(self.tokenizer, config, texts)
+        )
         s = self.sampling(body, body.get("max_tokens", DEFAULT_MAX_TOKENS), len(prompts))
         if body.get("best_of", s.n) != s.n:
             raise ApiError(400, f"best_of must equal n ({s.n}): attnkit returns every choice it makes", param="best_of")
@@ -49,28 +47,6 @@ class Completions(CompletionApi):
         choices = self.choices(prompts, s, prompt_logprobs=s.top_logprobs if s.echo else None)
         return await self.answer(request, prompts, choices, s)
 
-    def _prompts(self, prompt: str | list) -> list[list[int]]:
-        """The prompt(s) as token ids: a text, texts, ids, or lists of ids."""
-        limit = self.state.limits.max_batch
-        if isinstance(prompt, str):
-            prompt = [prompt]
-        if not prompt:
-            raise ApiError(422, "prompt is an empty list; send a text or token ids", param="prompt")
-        if len(prompt) > limit and not isinstance(prompt[0], int):
-            raise ApiError(
-                413, f"prompt holds {len(prompt)} prompts, over this server's limit of {limit}", param="prompt"
-            )
-        if isinstance(prompt[0], str):
-            if any(not t.strip() for t in prompt):
-                raise ApiError(400, "a prompt is empty; send some text", param="prompt")
-            return prompt_ids(self.tokenizer, self.state.model.config, prompt)
-        rows = [prompt] if isinstance(prompt[0], int) else prompt
-        for ids in rows:
-            if not ids:
-                raise ApiError(422, "a prompt of token ids is empty; send at least one id", param="prompt")
-            self.check_ids(ids, "the prompt", "prompt")
-        return [list(ids) for ids in rows]
-
     def opening(self, choice: Choice, s: Sampling) -> dict[str, Any] | None:
         if not s.echo:
             return None
@@ -80,15 +56,12 @@ class Completions(CompletionApi):
     def choice_body(self, delta: Delta, s: Sampling, final: bool) -> dict[str, Any]:
         choice, text, tokens, finish = delta.choice, delta.text, delta.tokens, delta.finish_reason
         start = ""
-        if s.echo:
+        if s.echo:  # the prompt's text first: the new tokens' offsets move past it
             start, offsets = self._prompt_text(choice)
+            tokens = [(t, o + len(start), sc) for t, o, sc in tokens]
             if final and s.top_logprobs is not None:
                 assert choice.prompt_scores is not None
-                prompt = choice.job.options["ids"]
-                tokens = [*zip(prompt, offsets, choice.prompt_scores, strict=True), *tokens]
-                tokens = [(t, o if n < len(prompt) else o + len(start), sc) for n, (t, o, sc) in enumerate(tokens)]
-            else:
-                tokens = [(t, o + len(start), sc) for t, o, sc in tokens]
+                tokens = [*zip(choice.job.options["ids"], offsets, choice.prompt_scores, strict=True), *tokens]
         logprobs = None if s.top_logprobs is None else self._logprobs(tokens)
         return {"index": choice.index, "text": start + text if final else text, "logprobs": logprobs,
                 "finish_reason": finish}  # fmt: skip

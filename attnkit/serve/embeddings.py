@@ -46,8 +46,8 @@ class Embeddings(Api):
                 422, f"dimensions must be this model's width {width} (its embeddings are not truncatable), "
                 f"got {body['dimensions']}", param="dimensions",
             )  # fmt: skip
-        ids = self._inputs(body["input"])
         model = self.state.model
+        ids = self.token_rows(body["input"], "input", MAX_INPUTS, model.text_ids)
         job = Job("call", asyncio.get_running_loop(), work=lambda: model.embed_ids(ids))
         self.submit(job)
         (vectors,) = await outcomes([job], request)
@@ -58,27 +58,6 @@ class Embeddings(Api):
         self.state.metrics.observe_tokens(tokens, 0)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return JSONResponse({"object": "list", "data": data, "model": self.state.name, "usage": usage})
-
-    def _inputs(self, given: str | list) -> list[list[int]]:
-        """Each input's token ids, its specials included: a text, texts, ids or lists of ids."""
-        if isinstance(given, str):
-            given = [given]
-        if not given:
-            raise ApiError(422, "input is an empty list; send a text or token ids", param="input")
-        if isinstance(given[0], int):
-            given = [given]
-        if len(given) > MAX_INPUTS:
-            raise ApiError(413, f"input holds {len(given)} inputs; send at most {MAX_INPUTS}", param="input")
-        if isinstance(given[0], str):
-            if any(not text.strip() for text in given):
-                raise ApiError(400, "an input is an empty text; send some text", param="input")
-            return self.state.model.text_ids(given)
-        for ids in given:
-            if not ids:
-                raise ApiError(422, "an input of token ids is empty; send at least one id", param="input")
-            self.check_ids(ids, "an input", "input")
-            self.check_length(ids, "an input", 0, param="input")
-        return given
 
 
 def _encoded(vector: torch.Tensor, form: str) -> list[float] | str:

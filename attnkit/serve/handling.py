@@ -216,6 +216,31 @@ class Api:
         if bad:
             raise ApiError(422, f"{what} holds token id {bad[0]}, out of range; ids are 0..{vocab - 1}", param=param)
 
+    def token_rows(
+        self, given: str | list, name: str, limit: int, encode: Callable[[list[str]], list[list[int]]]
+    ) -> list[list[int]]:
+        """The token ids of the field ``name``: a text, texts (read by ``encode``), ids or lists of
+        ids, at most ``limit`` of them; texts must not be blank, and given ids must be the
+        vocabulary's and fit the input limit."""
+        rows = [given] if isinstance(given, str) else given
+        if not rows:
+            raise ApiError(422, f"{name} is an empty list; send a text or token ids", param=name)
+        if isinstance(rows[0], int):
+            rows = [rows]
+        if len(rows) > limit:
+            raise ApiError(413, f"{name} holds {len(rows)} {name}s, over this server's limit of {limit}", param=name)
+        one = f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+        if isinstance(rows[0], str):
+            if any(not text.strip() for text in rows):
+                raise ApiError(400, f"{one} is empty; send some text", param=name)
+            return encode(rows)
+        for ids in rows:
+            if not ids:
+                raise ApiError(422, f"{one} of token ids is empty; send at least one id", param=name)
+            self.check_ids(ids, f"the {name}", name)
+            self.check_length(ids, f"the {name}", 0, param=name)
+        return [list(ids) for ids in rows]
+
     def check_length(self, ids: list[int], what: str, new: int, param: str | None = None) -> None:
         if len(ids) > self.max_input:
             raise ApiError(

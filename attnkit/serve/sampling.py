@@ -16,12 +16,13 @@ from typing import Any
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from attnkit.generation.continuous import Scored
 from attnkit.generation.penalties import penalties
 from attnkit.generation.text import TextStream
 from attnkit.serve.engine import Job
-from attnkit.serve.handling import Api, events, sse, stream_response, watched
+from attnkit.serve.handling import Api, events, handled, sse, stream_response, watched
 from attnkit.serve.schema import ApiError, fields, in_range
 from attnkit.serve.stops import StopText
 
@@ -91,6 +92,13 @@ class CompletionApi(Api):
 
     kind = ""  # "text_completion" or "chat.completion"
     endpoint = ""  # the path, in logs and errors
+
+    def routes(self) -> list[Route]:
+        return [Route(self.endpoint, handled(self.respond), methods=["POST"])]
+
+    async def respond(self, request: HttpRequest) -> Response:
+        """The endpoint: the request read into prompts and :class:`Sampling`, then :meth:`answer`."""
+        raise NotImplementedError
 
     def read(self, body: dict[str, Any], spec: dict[str, str], required: str) -> dict[str, Any]:
         """The known fields of ``body`` (the others logged once and ignored), checked."""
@@ -169,14 +177,13 @@ class CompletionApi(Api):
     def choices(self, prompts: list[list[int]], s: Sampling, prompt_logprobs: int | None = None) -> list[Choice]:
         """``s.n`` choices for each prompt (index ``p * n + j``, as OpenAI numbers them), each
         a job for the model thread, submitted all together or not at all."""
-        for ids in prompts:
-            new = s.max_tokens if s.max_tokens is not None else 1
-            self.check_length(ids, "the prompt" if self.kind == "text_completion" else "the conversation", new)
         eos = self.state.model.config.eos_token_id
         adjust = penalties(s.frequency_penalty, s.presence_penalty, s.logit_bias)
         loop, seed = asyncio.get_running_loop(), s.seed if s.seed is not None else secrets.randbits(62)
         out = []
-        for p, ids in enumerate(prompts):
+        for p, ids in enumerate(prompts):  # every prompt checked before any job is submitted
+            what = "the prompt" if self.kind == "text_completion" else "the conversation"
+            self.check_length(ids, what, s.max_tokens if s.max_tokens is not None else 1)
             new = s.max_tokens if s.max_tokens is not None else max(0, min(self.max_new, self.context - len(ids)))
             for j in range(s.n):
                 options = dict(

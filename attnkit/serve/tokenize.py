@@ -10,8 +10,8 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from attnkit.generation.text import TemplateRefusalError, chat_prompt, prompt_ids
-from attnkit.serve.chat import message_of
+from attnkit.generation.text import prompt_ids
+from attnkit.serve.chat import conversation_ids
 from attnkit.serve.handling import Api, handled
 from attnkit.serve.schema import ApiError, fields
 
@@ -49,14 +49,7 @@ class Tokenize(Api):
         template = getattr(self.state.model, "chat_template", None)
         if not template:
             raise ApiError(400, "this server's model has no chat template; send a prompt", param="messages")
-        messages = [message_of(n, m) for n, m in enumerate(body["messages"])]
-        try:
-            return chat_prompt(template, self.tokenizer, self.state.model.config, messages,
-                               body.get("add_generation_prompt", True))  # fmt: skip
-        except TemplateRefusalError as err:
-            raise ApiError(
-                400, f"the model's chat template refuses this conversation: {err}", param="messages"
-            ) from None
+        return conversation_ids(self, template, body["messages"], body.get("add_generation_prompt", True))
 
     async def detokenize(self, request: HttpRequest) -> Response:
         body = fields(await self.body(request), dict(tokens="ids", model="str"), ("tokens",), endpoint="/detokenize")
