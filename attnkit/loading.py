@@ -16,26 +16,32 @@ import torch
 from attnkit.interop.hf import load_hf
 from attnkit.models import Model, load_saved
 from attnkit.models.io import CONFIG, FORMAT, read_json, refuse_pickles
-from attnkit.models.weights import check_format, to_format
+from attnkit.models.weights import format_for, to_format
 from attnkit.training.checkpoint import CHECKPOINTS, run_model
 
 
 def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
     """Load attnkit's own directory, a training run's directory, a Hugging Face one (``gpt2``,
-    ``llama``, ``bert``, ``t5``, ``marian``) or a Llama GGUF file (its blocks dequantised), with
-    its weights in ``weights`` format:
-    ``"fp32"`` as trained, ``"bf16"`` or ``"int8"`` for inference
-    (:mod:`attnkit.models.weights`)."""
-    check_format(weights, torch.device("cpu"))
-    model = _load(Path(path))
-    return model if weights == "fp32" else to_format(model, weights)
+    ``llama``, ``bert``, ``t5``, ``marian``) or a Llama GGUF file, with its weights in
+    ``weights`` format: ``"fp32"`` as trained, ``"bf16"``, ``"int8"`` or ``"int4"`` for
+    inference, ``"gguf"`` for a GGUF file's own blocks (:mod:`attnkit.models.weights`); a
+    format this machine cannot run fast gives the fastest it can, with a line in the log."""
+    path = Path(path)
+    weights = format_for(weights, torch.device("cpu"))
+    gguf = path.suffix == ".gguf" and path.is_file()
+    if weights == "gguf" and not gguf:
+        raise ValueError(
+            f"weights='gguf' keeps a GGUF file's own blocks and {path} is not a .gguf file; use 'int8' or 'int4'"
+        )
+    model = _load(path, keep_blocks=weights == "gguf")
+    return model if weights in ("fp32", "gguf") else to_format(model, weights)
 
 
-def _load(directory: Path) -> Model:
+def _load(directory: Path, keep_blocks: bool = False) -> Model:
     if directory.suffix == ".gguf" and directory.is_file():
         from attnkit.interop.gguf import load_gguf
 
-        return load_gguf(directory)
+        return load_gguf(directory, keep_blocks)
     if not directory.is_dir():
         raise FileNotFoundError(
             f"{directory} is not a directory; pass a directory written by save_pretrained (or a .gguf file)"

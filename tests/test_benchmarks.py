@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit.machine import native_bf16
+from attnkit import kernels
+from attnkit.models.weights import WEIGHT_FORMATS, runs_fast
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,7 +124,8 @@ def test_decoding_reports_every_format_against_transformers_and_ctranslate2_or_w
     assert result.returncode == 0, result.stderr[-2000:]
     numbers = json.loads(out.read_text())
     rows = {(r["case"].rsplit(", ", 1)[1], r["peer_name"], r["case"].split(" ")[0]) for r in numbers["results"]}
-    formats = ["fp32", "bf16", "int8"] if native_bf16(torch.device("cpu")) else ["fp32"]
+    formats = [f for f in WEIGHT_FORMATS if f != "gguf" and runs_fast(f, torch.device("cpu"))]
+    assert "int4" in formats or not kernels.available()
     for fmt in formats:
         for case in ("GPT-2", "Marian-shaped"):
             assert (f"attnkit {fmt}", "transformers fp32", case) in rows

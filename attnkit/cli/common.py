@@ -29,8 +29,9 @@ _T = TypeVar("_T")
 
 def add_weights_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--weights", choices=["fp32", "bf16", "int8"], default="fp32",
-        help="weight format for inference: fp32 as trained, bf16 (CPUs with native bf16), int8 rows (default fp32)",
+        "--weights", choices=["fp32", "bf16", "int8", "int4", "gguf"], default="fp32",
+        help="weight format for inference: fp32 as trained, bf16 (CPUs with native bf16), int8, int4 (4-bit "
+        "blocks), gguf (a .gguf file's own blocks); one this CPU cannot run fast falls back, saying so (default fp32)",
     )  # fmt: skip
 
 

@@ -1,5 +1,6 @@
-"""GGUF files (llama.cpp's format) in: a Llama checkpoint, its quantised blocks dequantised, and
-its byte-level BPE tokenizer, read with the ``gguf`` package into attnkit's own model.
+"""GGUF files (llama.cpp's format) in: a Llama checkpoint, its quantised blocks dequantised or kept
+as they are (Q8_0, Q4_0, Q4_1), and its byte-level BPE tokenizer, read with the ``gguf`` package
+into attnkit's own model.
 
 The only place that knows GGUF's tensor and metadata names. llama.cpp stores the query and
 key projections permuted for its interleaved rotary layout; they are permuted back to
@@ -98,17 +99,65 @@ def _unpermute(w: Tensor, heads: int) -> Tensor:
     return w.reshape(heads, out // heads // 2, 2, d_in).transpose(1, 2).reshape(out, d_in)
 
 
-def tensors_of(reader: Any, cfg: ModelConfig, path: Path) -> dict[str, Tensor]:
-    """Every tensor dequantised to float32, renamed, q/k rows back in Llama's layout."""
+# GGUF's block types attnkit computes on as they are: its layout, bytes per block, header bytes
+# (the fp16 scale, and Q4_1's fp16 minimum) before the values.
+_BLOCKS = {"Q8_0": ("q8_0", 34, 2), "Q4_0": ("q4_0", 18, 2), "Q4_1": ("q4_1", 20, 4)}
+Blocks = tuple[str, Tensor, Tensor, Tensor | None]  # layout, values, scales, minima (kernels.blocks)
+
+
+def _split_blocks(tensor: Any, path: Path) -> Blocks:
+    """A Q8_0/Q4_0/Q4_1 tensor's bytes (rows, blocks · size) as separate values, fp16 scales and
+    (Q4_1) minima, copied without dequantising; a truncated or non-finite block names the tensor."""
+    layout, size, header = _BLOCKS[tensor.tensor_type.name]
+    raw = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
+    if raw.dim() != 2 or raw.shape[1] % size:
+        raise ValueError(
+            f"{path}: tensor {tensor.name} ({tensor.tensor_type.name}) has {tuple(raw.shape)} bytes, not whole "
+            f"blocks of {size}; the file is truncated or corrupt"
+        )
+    raw = raw.reshape(raw.shape[0], -1, size)  # (rows, blocks, size)
+    d = raw[..., 0:2].contiguous().view(torch.float16).squeeze(-1)  # (rows, blocks)
+    m = raw[..., 2:4].contiguous().view(torch.float16).squeeze(-1) if layout == "q4_1" else None
+    if not all(bool(torch.isfinite(t).all()) for t in (d, m) if t is not None):
+        raise ValueError(f"{path}: tensor {tensor.name} has a block scale that is NaN or Inf; the file is corrupt")
+    data = raw[..., header:].reshape(raw.shape[0], -1)
+    return layout, data.view(torch.int8) if layout == "q8_0" else data.contiguous(), d, m
+
+
+def _unpermuted(template: str, cfg: ModelConfig, w: Tensor) -> Tensor:
+    if template == "blk.{i}.attn_q.weight":
+        return _unpermute(w, cfg.n_heads)
+    if template == "blk.{i}.attn_k.weight":
+        return _unpermute(w, cfg.n_kv_heads or cfg.n_heads)
+    return w
+
+
+def tensors_of(
+    reader: Any, cfg: ModelConfig, path: Path, keep_blocks: bool = False
+) -> tuple[dict[str, Tensor], dict[str, Blocks]]:
+    """Every tensor renamed, q/k rows back in Llama's layout: dequantised to float32, or with
+    ``keep_blocks`` the linear maps of Q8_0/Q4_0/Q4_1 type as their blocks (by layer name, "head"
+    for the vocabulary projection; a tied embedding is both dequantised and kept)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     out: dict[str, Tensor] = {}
+    kept: dict[str, Blocks] = {}
+    tied = all(t.name != "output.weight" for t in reader.tensors)
     for tensor in reader.tensors:
         layer = _LAYER.match(tensor.name)
         template = _LAYER.sub("blk.{i}.", tensor.name) if layer else tensor.name
         if template not in _NAMES:
             raise ValueError(f"{path}: tensor {tensor.name!r} is not one of a Llama GGUF's")
+        name = _NAMES[template].format(i=layer.group(1) if layer else "")
+        if keep_blocks and tensor.tensor_type.name in _BLOCKS and template != "output_norm.weight":
+            layout, data, d, m = _split_blocks(tensor, path)
+            blocks = (layout, *(None if t is None else _unpermuted(template, cfg, t) for t in (data, d, m)))
+            if template != "token_embd.weight":
+                kept["head" if template == "output.weight" else name.removesuffix(".weight")] = blocks
+                continue
+            if tied:  # the head's blocks; the embedding itself is looked up in fp32 (below)
+                kept["head"] = blocks
         try:
             values = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
         except (NotImplementedError, ValueError) as err:
@@ -116,14 +165,14 @@ def tensors_of(reader: Any, cfg: ModelConfig, path: Path) -> dict[str, Tensor]:
                 f"{path}: tensor {tensor.name} has type {tensor.tensor_type!r}, which cannot be read: {err}"
             ) from None
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # GGUF lists dimensions innermost first
-        weight = torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))  # a writable copy
-        name = _NAMES[template].format(i=layer.group(1) if layer else "")
-        if template == "blk.{i}.attn_q.weight":
-            weight = _unpermute(weight, cfg.n_heads)
-        elif template == "blk.{i}.attn_k.weight":
-            weight = _unpermute(weight, cfg.n_kv_heads or cfg.n_heads)
-        out[name] = weight
-    return out
+        try:
+            weight = torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))  # a writable copy
+        except ValueError:
+            raise ValueError(
+                f"{path}: tensor {tensor.name} does not hold {shape} values; the file is truncated or corrupt"
+            ) from None
+        out[name] = _unpermuted(template, cfg, weight)
+    return out, kept
 
 
 def tokenizer_of(reader: Any, path: Path) -> Tokenizer:
@@ -147,14 +196,36 @@ def tokenizer_of(reader: Any, path: Path) -> Tokenizer:
     return tokenizer
 
 
-def load_gguf(path: str | Path) -> Model:
-    """The attnkit model of a Llama GGUF file, fp32, with its tokenizer (``model.tokenizer``)
-    and chat template (``model.chat_template``, where the file has one)."""
+def load_gguf(path: str | Path, keep_blocks: bool = False) -> Model:
+    """The attnkit model of a Llama GGUF file, with its tokenizer (``model.tokenizer``) and chat
+    template (``model.chat_template``, where the file has one): fp32, or with ``keep_blocks``
+    its Q8_0/Q4_0/Q4_1 linear maps kept as the file's blocks (``weights="gguf"``)."""
+    from attnkit.models import build_model
+    from attnkit.models.io import load_weights
+    from attnkit.models.weights import BlockLinear, QuantizedLMHead
+
     path = Path(path)
     reader = _reader(path)
     cfg = config_of(reader, path)
-    tensors = tensors_of(reader, cfg, path)
-    model = build_loaded(cfg, tensors, str(path))
+    tensors, kept = tensors_of(reader, cfg, path, keep_blocks)
+    if not kept:
+        model = build_loaded(cfg, tensors, str(path))
+    else:
+        model = build_model(cfg)
+        for name, (layout, data, d, m) in kept.items():
+            d_in = data.shape[1] * (1 if layout == "q8_0" else 2)
+            try:
+                layer = BlockLinear.of_blocks(d_in, layout, data, d, m)
+            except ValueError as err:
+                raise ValueError(f"{path}: layer {name}: {err}; the file is corrupt") from None
+            if name == "head":
+                model.head = QuantizedLMHead(model.head, layer)
+            else:
+                parent, _, child = name.rpartition(".")
+                setattr(model.get_submodule(parent), child, layer)
+        load_weights(model, tensors, str(path))
+        model.eval().requires_grad_(False)
+        model.weights = "gguf"
     model.tokenizer = tokenizer_of(reader, path)
     model.chat_template = _field(reader, "tokenizer.chat_template")
     return model.eval()

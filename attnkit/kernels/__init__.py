@@ -1,16 +1,17 @@
 """CPU kernels PyTorch lacks, written in C, compiled at first use and cached, each beside the
-pure-PyTorch reference it is tested against.
+pure-PyTorch reference it is tested against (:mod:`attnkit.kernels.blocks`).
 
-``int8_matmul``: fp32 activations times int8 weights, for CPUs without native bf16 (where
-``torch._weight_int8pack_mm`` is fast only with bf16 inputs, 10-20x slower with fp32 ones). The
-weights are int8 in blocks of 32 along their inputs with one fp32 scale each (llama.cpp's
-Q8_0), the activations are quantised the same way at each product, and each block's integer
-dot product is taken with AVX2's ``vpmaddubsw``/``vpmaddwd`` (``int8_avx2.c``).
+``block_matmul``: fp32 activations times weights in llama.cpp's blocks of 32 (Q8_0, Q4_0, Q4_1:
+:mod:`attnkit.kernels.blocks`), for CPUs where PyTorch has no fast low-bit product
+(``torch._weight_int8pack_mm`` is fast only with bf16 inputs, 10-20x slower with fp32 ones,
+and its 4-bit kernels need AVX-512). The activations are quantised to int8 per block at each
+product and each block's integer dot product is taken with AVX2's ``vpmaddubsw``/``vpmaddwd``
+(``blocks_avx2.c``): the same kernel runs on AVX512 CPUs, which have AVX2 too.
 
 The library is plain C, no torch headers, built with the system's C compiler (``$CC``, else
 ``cc``: the compiler inductor needs too) in about a second, where a ``torch.utils.cpp_extension``
 build of the same code takes a minute on two cores; it is loaded with ``ctypes`` and wrapped as
-the custom op ``attnkit::int8_matmul`` (opaque to ``torch.compile``). The cache:
+the custom op ``attnkit::block_matmul`` (opaque to ``torch.compile``). The cache:
 ``$XDG_CACHE_HOME/attnkit/kernels`` (else ``~/.cache/...``), one file per source and flags,
 written atomically.
 """
@@ -30,14 +31,28 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnkit.kernels.blocks import BLOCK, FORMATS, check, matmul_reference, quantize, quantize_activations
 from attnkit.machine import cpu_flags
+
+__all__ = [
+    "BLOCK",
+    "FORMATS",
+    "KERNELS",
+    "KernelUnavailableError",
+    "available",
+    "block_matmul",
+    "matmul_reference",
+    "quantize",
+    "quantize_activations",
+]
 
 log = logging.getLogger("attnkit.kernels")
 
-BLOCK = 32  # activations are quantised in blocks of this many values; k is padded to it
-SOURCE = Path(__file__).with_name("int8_avx2.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+SOURCE = Path(__file__).with_name("blocks_avx2.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+FEATURES = frozenset({"avx2", "fma", "f16c"})
 KERNELS = ("auto", "avx2", "reference")
+_CODES = {name: code for code, name in enumerate(FORMATS)}  # blocks_avx2.c's enum
 
 
 class KernelUnavailableError(RuntimeError):
@@ -50,9 +65,9 @@ def _cache_dir() -> Path:
 
 
 def _avx2_library() -> ctypes.CDLL:
-    """The compiled ``int8_avx2.c``, built once per source and flags; a one-line
-    :class:`KernelUnavailableError` where the CPU lacks AVX2/FMA, there is no C compiler, or the
-    cache cannot hold or load it (remembered: the build is not tried again)."""
+    """The compiled ``blocks_avx2.c``, built once per source and flags; a one-line
+    :class:`KernelUnavailableError` where the CPU lacks AVX2/FMA/F16C, there is no C compiler, or
+    the cache cannot hold or load it (remembered: the build is not tried again)."""
     built = _build()
     if isinstance(built, KernelUnavailableError):
         raise built
@@ -61,18 +76,18 @@ def _avx2_library() -> ctypes.CDLL:
 
 @functools.cache
 def _build() -> ctypes.CDLL | KernelUnavailableError:
-    missing = {"avx2", "fma"} - cpu_flags()
+    missing = FEATURES - cpu_flags()
     if missing:
-        return KernelUnavailableError(f"the int8 AVX2 kernel needs {', '.join(sorted(missing))}, which this CPU lacks")
+        return KernelUnavailableError(f"the AVX2 block kernel needs {', '.join(sorted(missing))}, which this CPU lacks")
     compiler = os.environ.get("CC", "cc")
     if shutil.which(compiler) is None:
         return KernelUnavailableError(
-            f"the int8 AVX2 kernel is compiled at first use and there is no C compiler ({compiler!r}); "
+            f"the AVX2 block kernel is compiled at first use and there is no C compiler ({compiler!r}); "
             "install one (e.g. apt-get install gcc) or set CC"
         )
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"int8_avx2-{digest}.so"
+    target = _cache_dir() / f"{SOURCE.stem}-{digest}.so"
     try:
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -81,13 +96,13 @@ def _build() -> ctypes.CDLL | KernelUnavailableError:
                 done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
                 if done.returncode != 0:
                     first = (done.stderr.strip().splitlines() or ["no message"])[0]
-                    return KernelUnavailableError(f"the int8 AVX2 kernel did not compile with {compiler}: {first}")
+                    return KernelUnavailableError(f"the AVX2 block kernel did not compile with {compiler}: {first}")
                 os.replace(built, target)  # atomic: a concurrent build writes the same file
         library = ctypes.CDLL(str(target))
     except OSError as err:
-        return KernelUnavailableError(f"the int8 AVX2 kernel cannot be built or loaded in {target.parent} ({err})")
-    library.attnkit_int8_matmul.restype = ctypes.c_int
-    library.attnkit_int8_matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+        return KernelUnavailableError(f"the AVX2 block kernel cannot be built or loaded in {target.parent} ({err})")
+    library.attnkit_block_matmul.restype = ctypes.c_int
+    library.attnkit_block_matmul.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3
     return library
 
 
@@ -98,7 +113,7 @@ def available(kernel: str = "avx2") -> bool:
     try:
         _avx2_library()
     except KernelUnavailableError as err:
-        log.info("%s; int8 runs on the reference kernel", err)
+        log.info("%s; block formats run on the reference kernel", err)
         return False
     return True
 
@@ -108,63 +123,51 @@ def _auto() -> str:
     return "avx2" if available("avx2") else "reference"
 
 
-def _run_avx2(x: Tensor, q: Tensor, scales: Tensor) -> Tensor:
-    """The C kernel on ``x`` (m, k) fp32, ``q`` (n, k) int8, ``scales`` (n, k / 32) fp32."""
-    x, q, scales = x.contiguous(), q.contiguous(), scales.contiguous()
-    out = torch.empty(x.shape[0], q.shape[0], dtype=torch.float32)
-    status = _avx2_library().attnkit_int8_matmul(
-        x.data_ptr(), q.data_ptr(), scales.data_ptr(), out.data_ptr(), x.shape[0], q.shape[0], x.shape[1]
-    )
+def _run_avx2(x: Tensor, format: str, data: Tensor, d: Tensor, m: Tensor | None) -> Tensor:
+    """The C kernel on ``x`` (m, k) fp32 and a weight's blocks (:mod:`attnkit.kernels.blocks`)."""
+    x, data, d = x.contiguous(), data.contiguous(), d.contiguous()
+    m = d if m is None else m.contiguous()  # unused but for q4_1
+    out = torch.empty(x.shape[0], data.shape[0], dtype=torch.float32)
+    status = _avx2_library().attnkit_block_matmul(
+        _CODES[format], x.data_ptr(), data.data_ptr(), d.data_ptr(), m.data_ptr(), out.data_ptr(),
+        x.shape[0], data.shape[0], x.shape[1],
+    )  # fmt: skip
     if status != 0:
-        raise RuntimeError(f"the int8 AVX2 kernel failed (status {status}: 1 = k not a multiple of 32, 2 = no memory)")
+        raise RuntimeError(f"the AVX2 block kernel failed (status {status}: 1 = k not a multiple of 32, 2 = no memory)")
     return out
 
 
-@torch.library.custom_op("attnkit::int8_matmul", mutates_args=())
-def _int8_matmul_avx2(x: Tensor, q: Tensor, scales: Tensor) -> Tensor:
+@torch.library.custom_op("attnkit::block_matmul", mutates_args=())
+def _block_matmul_avx2(x: Tensor, format: str, data: Tensor, d: Tensor, m: Tensor | None) -> Tensor:
     """:func:`_run_avx2` as an op ``torch.compile`` keeps whole (eager calls skip its dispatch: 9 µs)."""
-    return _run_avx2(x, q, scales)
+    return _run_avx2(x, format, data, d, m)
 
 
-@_int8_matmul_avx2.register_fake
-def _(x: Tensor, q: Tensor, scales: Tensor) -> Tensor:
-    return x.new_empty(x.shape[0], q.shape[0])
+@_block_matmul_avx2.register_fake
+def _(x: Tensor, format: str, data: Tensor, d: Tensor, m: Tensor | None) -> Tensor:
+    return x.new_empty(x.shape[0], data.shape[0])
 
 
-def quantize_blocks(x: Tensor) -> tuple[Tensor, Tensor]:
-    """``x`` (m, k), k a multiple of 32 -> its int8 values (m, k) and their block scales (m, k /
-    32), ``x ≈ q · scale`` per block: ``q = round(x · 127 / max|block|)``, as the C kernel
-    quantises activations (and :mod:`attnkit.models.weights` the weights)."""
-    blocks = x.float().reshape(x.shape[0], -1, BLOCK)
-    peak = blocks.abs().amax(dim=-1, keepdim=True)  # (m, k / 32, 1)
-    inverse = torch.where(peak > 0, 127.0 / peak, torch.zeros_like(peak))
-    q = torch.round(blocks * inverse).clamp_(-127, 127)
-    return q.reshape(x.shape).to(torch.int8), (peak / 127.0).squeeze(-1)
-
-
-def int8_matmul_reference(x: Tensor, q: Tensor, scales: Tensor) -> Tensor:
-    """The kernel's arithmetic in PyTorch: ``x`` (m, k) fp32 quantised per block, times the
-    int8 weights ``q`` (n, k) with their block ``scales`` (n, k / 32); (m, n) fp32. The integer
-    dot products are exact (float64 holds them), the scaled block sums in fp32 as the kernel's."""
-    xq, xd = quantize_blocks(x)
-    dots = torch.einsum("mbi,nbi->mnb", xq.double().view(len(xq), -1, BLOCK), q.double().view(len(q), -1, BLOCK))
-    return (dots.float() * (xd[:, None, :] * scales.float()[None])).sum(-1)
-
-
-def int8_matmul(x: Tensor, q: Tensor, scales: Tensor, kernel: str = "auto") -> Tensor:
-    """``x`` (m, k) fp32 times the int8 weights ``q`` (n, k) with one scale per block of 32,
-    ``scales`` (n, k / 32) (:func:`quantize_blocks` of the weights), ``x`` quantised the same
-    way: (m, n) fp32. ``kernel``: "avx2", "reference", or "auto" (AVX2 where it runs). k must be
-    a multiple of 32 (pad both sides with zeros)."""
+def block_matmul(
+    x: Tensor, format: str, data: Tensor, d: Tensor, m: Tensor | None = None, kernel: str = "auto"
+) -> Tensor:
+    """``x`` (m, k) fp32 times the weight (n, k) held as ``format``'s blocks ``data``, ``d`` (fp16
+    scales, (n, k / 32)) and, for q4_1, ``m`` (its minima): (m, n) fp32, ``x`` quantised per block
+    of 32 (:mod:`attnkit.kernels.blocks`). ``kernel``: "avx2", "reference", or "auto" (AVX2
+    where it runs). k must be a multiple of 32 (pad both sides with zeros)."""
     if kernel != "reference" and torch.compiler.is_compiling():
-        # The op, opaque to the graph: a model holds block scales only where the kernel runs.
-        return _int8_matmul_avx2(x.float(), q, scales.float())
+        # The op, opaque to the graph: a model holds blocks for the C kernel only where it runs.
+        return _block_matmul_avx2(x.float(), format, data, d, m)
     if kernel not in KERNELS:
-        raise ValueError(f"kernel={kernel!r} is not an int8 kernel; use one of {', '.join(KERNELS)}")
-    if x.shape[-1] % BLOCK or q.shape[-1] != x.shape[-1]:
-        raise ValueError(f"x (…, {x.shape[-1]}) and q (…, {q.shape[-1]}) need one k, a multiple of {BLOCK}")
+        raise ValueError(f"kernel={kernel!r} is not a block kernel; use one of {', '.join(KERNELS)}")
+    check(format)
+    k = data.shape[-1] * (2 if format != "q8_0" else 1)
+    if x.shape[-1] % BLOCK or x.shape[-1] != k:
+        raise ValueError(f"x (…, {x.shape[-1]}) and the {format} weight (…, {k}) need one k, a multiple of {BLOCK}")
+    if (format == "q4_1") != (m is not None):
+        raise ValueError(f"{format} takes {'its' if format == 'q4_1' else 'no'} block minima m")
     if kernel == "auto":
         kernel = _auto()
     if kernel == "reference":
-        return int8_matmul_reference(x, q, scales)
-    return _run_avx2(x.float(), q, scales.float())  # a kernel that cannot run: its one-line error
+        return matmul_reference(x, format, data, d, m)
+    return _run_avx2(x.float(), format, data, d, m)  # a kernel that cannot run: its one-line error

@@ -46,30 +46,43 @@ def build_model(config: ModelConfig | str) -> Model:
     return model
 
 
-def build_loaded(config: ModelConfig, tensors: dict[str, Tensor], source: str) -> Model:
-    """The model of ``config`` holding ``tensors``. They are checked against a build on the
-    meta device first, which allocates nothing: a config.json that disagrees with the file,
-    however large the model it describes, fails before any memory is taken."""
+def build_loaded(
+    config: ModelConfig, tensors: dict[str, Tensor], source: str, layers: dict[str, str] | None = None
+) -> Model:
+    """The model of ``config`` holding ``tensors``, its ``layers`` quantised as named
+    (:func:`attnkit.models.weights.layouts` of a saved model; their blocks are in ``tensors``).
+    They are checked against a build on the meta device first, which allocates nothing: a
+    config.json that disagrees with the file, however large the model it describes, fails
+    before any memory is taken."""
+    from attnkit.models.weights import quantized_buffers, quantized_shell
+
+    def built() -> Model:
+        return quantized_shell(build_model(config), layers) if layers else build_model(config)
+
     with torch.device("meta"):
-        check_weights(build_model(config), tensors, source)
-    model = build_model(config)
-    copy_weights(model, tensors)
+        shell = built()
+        check_weights(shell, tensors, source, quantized_buffers(shell))
+    model = built()
+    copy_weights(model, tensors, quantized_buffers(model))
     return model
 
 
 def load_saved(directory: str | Path, config_json: dict[str, Any] | None = None) -> Model:
     """The model (with its tokenizer, where there is one) of attnkit's own directory, as
-    :meth:`Model.save_pretrained` and the training checkpoints write it. ``config_json``: its
-    ``config.json``, where the caller has already read it (and checked the directory for
-    pickles)."""
+    :meth:`Model.save_pretrained` and the training checkpoints write it, quantised layers as
+    they were saved. ``config_json``: its ``config.json``, where the caller has already read it
+    (and checked the directory for pickles)."""
+    from attnkit.models.weights import finish_format, saved_layers
+
     directory = Path(directory)
     if config_json is None:
         refuse_pickles(directory)
         config_json = read_json(directory / CONFIG)
     config = saved_config(directory, config_json)
-    model = build_loaded(config, read_safetensors(directory), str(directory / WEIGHTS))
+    weights, layers = saved_layers(config_json.get("weights"), directory / CONFIG)
+    model = build_loaded(config, read_safetensors(directory), str(directory / WEIGHTS), layers)
     attach_tokenizer(model, directory)
-    return model.eval()
+    return finish_format(model, weights) if layers else model.eval()
 
 
 __all__ = [

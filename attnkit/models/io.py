@@ -219,26 +219,31 @@ def _entry_problem(entry: Any, data_size: int) -> str | None:
     return None
 
 
-def check_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str) -> None:
+def check_weights(
+    model: torch.nn.Module, tensors: dict[str, Tensor], source: str, buffers: dict[str, Tensor] | None = None
+) -> None:
     """Raise a ``ValueError`` naming the keys of ``tensors`` that do not fit ``model``'s
-    parameters (the first few of each kind): missing, unexpected, another shape, not a float
-    dtype, NaN or Inf values."""
+    parameters and the quantised ``buffers`` it holds (the first few of each kind): missing,
+    unexpected, another shape, not a float dtype (a buffer: not its own dtype), NaN or Inf values."""
     params = dict(model.named_parameters())
+    exact = buffers or {}
+    expected = {**params, **exact}
     problems = []
-    missing = sorted(set(params) - set(tensors))
-    unexpected = sorted(set(tensors) - set(params))
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
     if missing:
         problems.append(f"missing keys: {_first(missing)}")
     if unexpected:
         problems.append(f"unexpected keys: {_first(unexpected)}")
     # Largest first: their shapes show best which of the config's sizes differ from the file's.
-    for name in sorted(set(params) & set(tensors), key=lambda n: (-params[n].numel(), n)):
-        t, p = tensors[name], params[name]
+    for name in sorted(set(expected) & set(tensors), key=lambda n: (-expected[n].numel(), n)):
+        t, p = tensors[name], expected[name]
+        dtypes = (p.dtype,) if name in exact else WEIGHT_DTYPES
         if t.shape != p.shape:
             problems.append(f"{name}: shape {tuple(t.shape)} in the file, {tuple(p.shape)} in the config")
-        elif t.dtype not in WEIGHT_DTYPES:
-            problems.append(f"{name}: dtype {t.dtype}, expected one of {', '.join(map(str, WEIGHT_DTYPES))}")
-        elif not bool(torch.isfinite(t).all()):
+        elif t.dtype not in dtypes:
+            problems.append(f"{name}: dtype {t.dtype}, expected {' or '.join(map(str, dtypes))}")
+        elif t.is_floating_point() and not bool(torch.isfinite(t).all()):
             problems.append(f"{name}: holds NaN or Inf values")
     if problems:
         raise ValueError(
@@ -253,17 +258,21 @@ def _first(items: list[str], sep: str = ", ", shown: int = 8) -> str:
     return sep.join(items[:shown]) + more
 
 
-def load_weights(model: torch.nn.Module, tensors: dict[str, Tensor], source: str) -> None:
-    """Copy ``tensors`` into ``model``'s parameters after checking all of them
-    (:func:`check_weights`); on any problem nothing is changed."""
-    check_weights(model, tensors, source)
-    copy_weights(model, tensors)
+def load_weights(
+    model: torch.nn.Module, tensors: dict[str, Tensor], source: str, buffers: dict[str, Tensor] | None = None
+) -> None:
+    """Copy ``tensors`` into ``model``'s parameters (and its quantised ``buffers``) after checking
+    all of them (:func:`check_weights`); on any problem nothing is changed."""
+    check_weights(model, tensors, source, buffers)
+    copy_weights(model, tensors, buffers)
 
 
-def copy_weights(model: torch.nn.Module, tensors: dict[str, Tensor]) -> None:
+def copy_weights(model: torch.nn.Module, tensors: dict[str, Tensor], buffers: dict[str, Tensor] | None = None) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(tensors[name])
+        for name, b in (buffers or {}).items():
+            b.copy_(tensors[name])
 
 
 def attach_tokenizer(model: torch.nn.Module, directory: Path, hugging_face: bool = False) -> None:
@@ -412,10 +421,11 @@ def write_directory(path: str | Path, files: dict[str, bytes | dict[str, Tensor]
         raise
 
 
-def check_savable(model: torch.nn.Module) -> None:
-    """Only fp32 models are written: bf16 and int8 are inference formats made at load time."""
+def check_savable(model: torch.nn.Module, quantized: bool = False) -> None:
+    """Only fp32 models are written, and with ``quantized`` (attnkit's own directory) int8, int4
+    and GGUF blocks too: bf16 is a cast made at load time."""
     weights = getattr(model, "weights", "fp32")
-    if weights != "fp32":
+    if weights != "fp32" and not (quantized and weights in ("int8", "int4", "gguf")):
         raise ValueError(
             f"this model holds {weights} inference weights; save the fp32 model (load it without weights=) and "
             f"choose the format when loading: from_pretrained(path, weights={weights!r})"
@@ -425,15 +435,20 @@ def check_savable(model: torch.nn.Module) -> None:
 def save_pretrained(model: torch.nn.Module, path: str | Path, overwrite: bool = False) -> None:
     """attnkit's directory: config.json (format, version, model config) and model.safetensors.
     LoRA adapters are merged into the weights they adapt (:mod:`attnkit.nn.lora`)."""
+    from attnkit.models.weights import layouts, quantized_buffers
     from attnkit.nn.lora import merged_copy
 
-    check_savable(model)
+    check_savable(model, quantized=True)
     model = merged_copy(model)
     config: ModelConfig = model.config
-    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": config.to_dict()}
+    meta: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": config.to_dict()}
+    tensors = dict(model.named_parameters())
+    if layouts(model):  # the quantised layers as they are, loaded without quantising again
+        meta["weights"] = {"format": model.weights, "layers": layouts(model)}
+        tensors.update(quantized_buffers(model))
     files: dict[str, bytes | dict[str, Tensor]] = {
         CONFIG: (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode(),
-        WEIGHTS: dict(model.named_parameters()),
+        WEIGHTS: tensors,
     }
     files.update(tokenizer_files(model))
     defaults = getattr(model, "generation_defaults", None)
@@ -450,7 +465,7 @@ def saved_config(directory: Path, data: dict[str, Any]) -> ModelConfig:
             f"{directory / CONFIG}: format_version {data.get('format_version')!r} is not one this attnkit "
             f"reads ({FORMAT_VERSION}); upgrade attnkit"
         )
-    fields = ["format", "format_version", "model"]
+    fields = ["format", "format_version", "model", "weights"]
     unknown = sorted(set(data) - set(fields))
     if unknown:
         close = difflib.get_close_matches(unknown[0], fields, n=1)

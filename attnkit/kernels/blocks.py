@@ -1,0 +1,114 @@
+"""Weights in blocks of 32 along their inputs, as llama.cpp stores them (its GGUF types of the same
+names), in pure PyTorch: quantisation, dequantisation, and the reference of the C kernel's
+arithmetic.
+
+Each format holds, for a weight (n, k) with k a multiple of 32, its values ``data`` and one fp16
+scale ``d`` per block (n, k / 32):
+
+* ``q8_0``: ``w = q · d``, ``q`` int8 (n, k), ``d = max|w| / 127``;
+* ``q4_0``: ``w = (u - 8) · d``, ``u`` in 0..15 packed two to a byte (n, k / 2), ``d = w* / -8``
+  where ``w*`` is the block's value of largest magnitude (it maps to -8 exactly);
+* ``q4_1``: ``w = u · d + m``, ``u`` as ``q4_0``'s, ``d = (max - min) / 15``, and the block's
+  minimum ``m`` (fp16, n, k / 32) beside it.
+
+A 4-bit block's byte i holds ``u_i`` in its low nibble and ``u_{i+16}`` in its high one, GGUF's
+order, so a GGUF file's blocks are used as they are. The activations meet them quantised per block
+of 32 to int8 with an fp32 scale (:func:`quantize_activations`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+BLOCK = 32
+FORMATS = ("q8_0", "q4_0", "q4_1")
+BITS = {"q8_0": 8, "q4_0": 4, "q4_1": 4}
+
+
+def check(format: str) -> None:
+    if format not in FORMATS:
+        raise ValueError(f"format={format!r} is not a block format; use one of {', '.join(FORMATS)}")
+
+
+def _blocks(x: Tensor) -> Tensor:
+    """(n, k) -> (n, k / 32, 32) fp32; k must be a multiple of 32."""
+    if x.dim() != 2 or x.shape[1] % BLOCK:
+        raise ValueError(f"a tensor of shape {tuple(x.shape)} is not (n, k) with k a multiple of {BLOCK}; pad k")
+    return x.float().reshape(x.shape[0], -1, BLOCK)
+
+
+def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``x`` (m, k) -> its int8 values (m, k) and fp32 block scales (m, k / 32), ``x ≈ q · scale``
+    per block: ``q = round(x · 127 / max|block|)`` (half to even), as the C kernel quantises."""
+    blocks = _blocks(x)
+    peak = blocks.abs().amax(dim=-1, keepdim=True)  # (m, k / 32, 1)
+    inverse = torch.where(peak > 0, 127.0 / peak, torch.zeros_like(peak))
+    q = torch.round(blocks * inverse).clamp_(-127, 127)
+    return q.reshape(x.shape).to(torch.int8), (peak / 127.0).squeeze(-1)
+
+
+def _pack(u: Tensor) -> Tensor:
+    """(n, k / 32, 32) values in 0..15 -> (n, k / 2) uint8, GGUF's nibble order."""
+    u = u.to(torch.uint8)
+    return (u[..., :16] | (u[..., 16:] << 4)).reshape(u.shape[0], -1)
+
+
+def _unpack(data: Tensor) -> Tensor:
+    """(n, k / 2) uint8 -> (n, k / 32, 32) values in 0..15."""
+    packed = data.reshape(data.shape[0], -1, BLOCK // 2)
+    return torch.cat([packed & 0x0F, packed >> 4], dim=-1)
+
+
+def quantize(weight: Tensor, format: str) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``weight`` (n, k), k a multiple of 32 -> ``(data, d, m)`` in ``format`` (module docstring);
+    ``m`` is None except for q4_1. The values are rounded against the fp16 scales they are
+    stored with."""
+    check(format)
+    w = _blocks(weight.detach())  # (n, b, 32)
+    if format == "q8_0":
+        d = (w.abs().amax(-1) / 127).half()  # (n, b)
+        inverse = torch.where(d > 0, 1 / d.float(), torch.zeros_like(d, dtype=torch.float32))
+        q = torch.round(w * inverse[..., None]).clamp_(-127, 127).to(torch.int8)
+        return q.reshape(weight.shape), d, None
+    if format == "q4_0":
+        extreme = w.gather(-1, w.abs().argmax(-1, keepdim=True)).squeeze(-1)  # signed, (n, b)
+        d = (extreme / -8).half()
+        inverse = torch.where(d != 0, 1 / d.float(), torch.zeros_like(d, dtype=torch.float32))
+        return _pack((torch.round(w * inverse[..., None]) + 8).clamp_(0, 15)), d, None
+    low, high = w.amin(-1), w.amax(-1)
+    d, m = ((high - low) / 15).half(), low.half()
+    inverse = torch.where(d > 0, 1 / d.float(), torch.zeros_like(d, dtype=torch.float32))
+    u = torch.round((w - m.float()[..., None]) * inverse[..., None]).clamp_(0, 15)
+    return _pack(u), d, m
+
+
+def integers(format: str, data: Tensor) -> Tensor:
+    """The blocks' integer values (n, k / 32, 32) as int16: q, u - 8, or u."""
+    if format == "q8_0":
+        return data.reshape(data.shape[0], -1, BLOCK).to(torch.int16)
+    u = _unpack(data).to(torch.int16)
+    return u - 8 if format == "q4_0" else u
+
+
+def dequantize(format: str, data: Tensor, d: Tensor, m: Tensor | None = None) -> Tensor:
+    """The fp32 weight (n, k) the blocks stand for."""
+    check(format)
+    w = integers(format, data).float() * d.float()[..., None]
+    if format == "q4_1":
+        w = w + m.float()[..., None]
+    return w.reshape(w.shape[0], -1)
+
+
+def matmul_reference(x: Tensor, format: str, data: Tensor, d: Tensor, m: Tensor | None = None) -> Tensor:
+    """The C kernel's arithmetic in PyTorch: ``x`` (m, k) fp32 quantised per block
+    (:func:`quantize_activations`), times the weight's blocks: (m, n) fp32. The integer dot
+    products are exact (float64 holds them); their scaled sums are fp32, as the kernel's."""
+    check(format)
+    xq, xd = quantize_activations(x)
+    a = xq.double().view(len(xq), -1, BLOCK)  # (m, b, 32)
+    dots = torch.einsum("mbi,nbi->mnb", a, integers(format, data).double())  # (m, n, b)
+    out = (dots.float() * (xd[:, None, :] * d.float()[None])).sum(-1)
+    if format == "q4_1":  # Σ (u d + m) a = d Σ u a + m Σ a
+        out = out + (m.float()[None] * (xd * a.sum(-1).float())[:, None, :]).sum(-1)
+    return out

@@ -1,0 +1,145 @@
+/* y = x · wᵀ for weights w (n, k) held in blocks of 32 along k, as llama.cpp holds them, and
+ * fp32 activations x (m, k) quantised on the fly to int8 in the same blocks (one fp32 scale
+ * each, and the sum of the block's int8 values for the 4-bit formats). k is a multiple of 32
+ * (the caller pads). The weight formats, each with fp16 scales d (n, k / 32):
+ *   Q8_0  w = q · d,        q int8 (n, k);
+ *   Q4_0  w = (u - 8) · d,  u 4-bit (n, k / 2): byte i of a block holds u_i (low nibble) and
+ *                           u_{i+16} (high nibble);
+ *   Q4_1  w = u · d + mn,   u as Q4_0's, mn fp16 (n, k / 32).
+ *
+ * A block's dot product: the activations' |a| as unsigned bytes times w with a's sign
+ * (vpsignb), summed in pairs to int16 (vpmaddubsw: 127·127·2 < 2^15, no saturation), in pairs
+ * to int32 (vpmaddwd), then to fp32 times the two scales (vfmadd). Q4_1's unsigned u meets a
+ * directly, and its offset adds mn · d_a · Σa per block. Output rows are shared among OpenMP
+ * threads (the process's libgomp, torch's: one team). Built by attnkit.kernels with -mavx2
+ * -mfma -mf16c. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define BLOCK 32
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2 };
+
+static inline float hsum(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+/* x (m, k) fp32 -> xq (m, k) int8, xd (m, k / 32) fp32 and xs (m, k / 32) = xd · Σ xq:
+ * round(x / d) with d = max|x| / 127. */
+static void quantize_blocks(const float *x, int64_t m, int64_t k, int8_t *xq, float *xd, float *xs) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    #pragma omp parallel for schedule(static) if (m > 1)
+    for (int64_t r = 0; r < m; r++) {
+        for (int64_t b = 0; b < k / BLOCK; b++) {
+            const float *src = x + r * k + b * BLOCK;
+            __m256 v[4], peak = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(src + 8 * i);
+                peak = _mm256_max_ps(peak, _mm256_andnot_ps(sign, v[i]));
+            }
+            __m128 p = _mm_max_ps(_mm256_castps256_ps128(peak), _mm256_extractf128_ps(peak, 1));
+            p = _mm_max_ps(p, _mm_movehl_ps(p, p));
+            p = _mm_max_ss(p, _mm_movehdup_ps(p));
+            const float amax = _mm_cvtss_f32(p), d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+            __m256i q[4];
+            for (int i = 0; i < 4; i++)  /* x · (127 / max), rounded half to even as torch.round */
+                q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)),
+                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            const __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            __m256i q01 = _mm256_packs_epi32(q[0], q[1]), q23 = _mm256_packs_epi32(q[2], q[3]);
+            __m256i bytes = _mm256_packs_epi16(q01, q23);
+            bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(xq + r * k + b * BLOCK), bytes);
+            xd[r * (k / BLOCK) + b] = d;
+            xs[r * (k / BLOCK) + b] = d * hsum(_mm256_cvtepi32_ps(total));
+        }
+    }
+}
+
+/* The 32 4-bit values of a block, in order, one per byte (0 .. 15). */
+static inline __m256i nibbles(const uint8_t *p) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)p);
+    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+static inline float half(uint16_t h) { return _cvtsh_ss(h); }
+
+/* Rows j .. j + rows - 1 (rows <= 4) of out for one activation row (a, ad, as): the
+ * activations' absolute values are taken once per block for all of them. format is a
+ * constant at every call, so each format gets its own loop. */
+static inline __attribute__((always_inline)) void dot_rows(int format, int rows, const uint8_t *w, const uint16_t *wd,
+                                                           const uint16_t *wm, const int8_t *a, const float *ad,
+                                                           const float *as, int64_t j, int64_t k, float *out) {
+    const int64_t blocks = k / BLOCK, stride = format == Q8_0 ? k : k / 2, bytes = format == Q8_0 ? BLOCK : BLOCK / 2;
+    const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float offset[4] = {0, 0, 0, 0};
+    for (int64_t b = 0; b < blocks; b++) {
+        const __m256i ab = _mm256_loadu_si256((const __m256i *)(a + b * BLOCK));
+        const __m256i magnitude = _mm256_sign_epi8(ab, ab);
+        for (int t = 0; t < rows; t++) {
+            const uint8_t *src = w + (j + t) * stride + b * bytes;
+            __m256i pairs;
+            if (format == Q8_0)
+                pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)src), ab));
+            else if (format == Q4_0)
+                pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(_mm256_sub_epi8(nibbles(src), eight), ab));
+            else
+                pairs = _mm256_maddubs_epi16(nibbles(src), ab);
+            const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+            const float d = half(wd[(j + t) * blocks + b]);
+            acc[t] = _mm256_fmadd_ps(sums, _mm256_set1_ps(ad[b] * d), acc[t]);
+            if (format == Q4_1) offset[t] += half(wm[(j + t) * blocks + b]) * as[b];
+        }
+    }
+    for (int t = 0; t < rows; t++) out[j + t] = hsum(acc[t]) + offset[t];
+}
+
+static inline __attribute__((always_inline)) void matmul(int format, const int8_t *xq, const float *xd,
+                                                         const float *xs, const uint8_t *w, const uint16_t *wd,
+                                                         const uint16_t *wm, float *out, int64_t m, int64_t n,
+                                                         int64_t k) {
+    const int64_t groups = (n + 3) / 4, blocks = k / BLOCK;
+    #pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t j = 4 * g;
+        const int rows = n - j < 4 ? (int)(n - j) : 4;
+        for (int64_t r = 0; r < m; r++) {
+            const int8_t *a = xq + r * k;
+            const float *ad = xd + r * blocks, *as = xs + r * blocks;
+            if (rows == 4)
+                dot_rows(format, 4, w, wd, wm, a, ad, as, j, k, out + r * n);
+            else
+                dot_rows(format, rows, w, wd, wm, a, ad, as, j, k, out + r * n);
+        }
+    }
+}
+
+/* out (m, n) = x (m, k) · wᵀ, w (n, k) in ``format``'s blocks (wm: Q4_1's minima, else unused).
+ * Returns 0, 1 where k is not a multiple of 32, 2 without memory, 3 for an unknown format. */
+int attnkit_block_matmul(int format, const float *x, const uint8_t *w, const uint16_t *wd, const uint16_t *wm,
+                         float *out, int64_t m, int64_t n, int64_t k) {
+    if (k % BLOCK) return 1;
+    if (format != Q8_0 && format != Q4_0 && format != Q4_1) return 3;
+    int8_t *xq = aligned_alloc(64, (size_t)((m * k + 63) / 64 * 64));
+    float *xd = malloc(sizeof(float) * (size_t)(m * (k / BLOCK) + 1));
+    float *xs = malloc(sizeof(float) * (size_t)(m * (k / BLOCK) + 1));
+    if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return 2; }
+    quantize_blocks(x, m, k, xq, xd, xs);
+    if (format == Q8_0)
+        matmul(Q8_0, xq, xd, xs, w, wd, wm, out, m, n, k);
+    else if (format == Q4_0)
+        matmul(Q4_0, xq, xd, xs, w, wd, wm, out, m, n, k);
+    else
+        matmul(Q4_1, xq, xd, xs, w, wd, wm, out, m, n, k);
+    free(xq);
+    free(xd);
+    free(xs);
+    return 0;
+}

@@ -1,0 +1,106 @@
+"""The block kernel of attnkit.kernels: the AVX2 C code (forced, where this CPU runs it) equal to
+its PyTorch reference for every format on odd shapes at batch 1 and 8; each format's blocks
+within a step of the weights they quantise; the reference equal to the product of the
+dequantised activations and weights; a kernel that cannot run named in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+from attnkit import kernels
+from attnkit.kernels import blocks
+
+needs_avx2 = pytest.mark.skipif(not kernels.available("avx2"), reason="this CPU or machine cannot run the AVX2 kernel")
+
+
+def operands(fmt: str, m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, tuple, torch.Tensor]:
+    """x (m, k padded to 32), the weights' blocks (data, d, m) and the fp32 weights (n, k padded)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * torch.linspace(0.1, 2.0, n)[:, None] + torch.linspace(-1, 1, n)[:, None]
+    x = torch.randn(m, k, generator=g) * 3
+    x[0, :5] = 0.0  # a block with zeros in it
+    pad = -k % 32
+    w, x = F.pad(w, (0, pad)), F.pad(x, (0, pad))
+    w[0, :32] = 0.0  # a block of zeros
+    return x, kernels.quantize(w, fmt), w
+
+
+@needs_avx2
+@pytest.mark.parametrize("fmt", kernels.FORMATS)
+@pytest.mark.parametrize("m", [1, 8])
+@pytest.mark.parametrize(("n", "k"), [(37, 50), (129, 100), (5, 32), (300, 777)])
+def test_the_avx2_kernel_equals_the_reference(fmt: str, m: int, n: int, k: int) -> None:
+    x, weight, _ = operands(fmt, m, n, k)
+    expected = kernels.block_matmul(x, fmt, *weight, kernel="reference")
+    got = kernels.block_matmul(x, fmt, *weight, kernel="avx2")
+    assert got.shape == (m, n) and got.dtype == torch.float32
+    assert_close(got, expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
+    assert_close(kernels.block_matmul(x, fmt, *weight), expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", kernels.FORMATS)
+def test_blocks_hold_the_weights_within_a_step(fmt: str) -> None:
+    _, (data, d, m), w = operands(fmt, 1, 64, 96)
+    assert data.dtype == (torch.int8 if fmt == "q8_0" else torch.uint8) and d.dtype == torch.float16
+    assert data.shape == ((64, 96) if fmt == "q8_0" else (64, 48)) and d.shape == (64, 3)
+    assert (m is None) == (fmt != "q4_1")
+    values = blocks.integers(fmt, data)  # (64, 3, 32)
+    low, high = {"q8_0": (-127, 127), "q4_0": (-8, 7), "q4_1": (0, 15)}[fmt]
+    assert int(values.min()) >= low and int(values.max()) <= high
+    step = d.float().abs().repeat_interleave(32, 1)
+    # Q4_0 reaches -8 steps towards its extreme and 7 away from it (llama.cpp's): one step there.
+    bound = step if fmt == "q4_0" else step / 2
+    assert ((blocks.dequantize(fmt, data, d, m) - w).abs() <= bound + 1e-3 * w.abs().max()).all()
+    if fmt != "q4_1":  # a block of zeros stays zeros; Q4_1's grid starts at its minimum
+        assert (blocks.dequantize(fmt, data, d, m)[0, :32] == 0).all()
+
+
+@pytest.mark.parametrize("fmt", kernels.FORMATS)
+@pytest.mark.parametrize("m", [1, 8])
+def test_the_reference_is_the_dequantised_product(fmt: str, m: int) -> None:
+    x, (data, d, mins), _ = operands(fmt, m, 64, 100)
+    xq, xd = kernels.quantize_activations(x)
+    assert int(xq.abs().max()) == 127 and xq.dtype == torch.int8
+    assert (xq.view(m, -1, 32).abs().amax(-1)[xd > 0] == 127).all()  # each block uses its range
+    activations = (xq.float().view(m, -1, 32) * xd[..., None]).view(m, -1)
+    assert (activations - x).abs().max() <= xd.max() / 2 + 1e-6  # within half a step
+    expected = activations.double() @ blocks.dequantize(fmt, data, d, mins).double().T
+    got = kernels.matmul_reference(x, fmt, data, d, mins).double()
+    assert_close(got, expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
+
+
+def test_a_kernel_that_cannot_run_is_named_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    x, weight, _ = operands("q8_0", 1, 4, 32)
+    with pytest.raises(ValueError, match="kernel='neon' is not a block kernel; use one of auto, avx2, reference"):
+        kernels.block_matmul(x, "q8_0", *weight, kernel="neon")
+    with pytest.raises(ValueError, match="format='q5_k' is not a block format; use one of q8_0, q4_0, q4_1"):
+        kernels.block_matmul(x, "q5_k", *weight)
+    with pytest.raises(ValueError, match="need one k, a multiple of 32"):
+        kernels.block_matmul(x[:, :31], "q8_0", *weight)
+    with pytest.raises(ValueError, match="q4_1 takes its block minima m"):
+        kernels.block_matmul(x, "q4_1", *kernels.quantize(torch.ones(4, 32), "q4_1")[:2])
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    kernels._build.cache_clear()
+    kernels._auto.cache_clear()
+    try:
+        if not kernels.cpu_flags() >= kernels.FEATURES:
+            pytest.skip("this CPU has no AVX2: the missing feature is the error, tested below")
+        with pytest.raises(kernels.KernelUnavailableError, match="there is no C compiler \\('no-such-compiler'\\)"):
+            kernels.block_matmul(x, "q8_0", *weight, kernel="avx2")
+        reference = kernels.block_matmul(x, "q8_0", *weight, kernel="reference")
+        assert_close(kernels.block_matmul(x, "q8_0", *weight), reference)  # auto falls back
+    finally:
+        kernels._build.cache_clear()
+        kernels._auto.cache_clear()
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"sse2"}))
+    try:
+        with pytest.raises(kernels.KernelUnavailableError, match="needs avx2, f16c, fma, which this CPU lacks"):
+            kernels.block_matmul(x, "q8_0", *weight, kernel="avx2")
+    finally:
+        kernels._build.cache_clear()
