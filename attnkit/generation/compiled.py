@@ -102,6 +102,18 @@ def forget() -> None:
     _weights.clear()
 
 
+def freezes(model: nn.Module) -> bool:
+    """Whether the step is compiled with inductor's freezing (the weights as constants): for every
+    model but those holding llama.cpp blocks (:class:`attnkit.models.weights.BlockLinear`), whose
+    products are an opaque op that freezing cannot speed up. With freezing, GPT-2 124M in int4
+    corrupted the heap on the AVX-512 CPU here (torch 2.13; not with AVX2 kernels, not without
+    freezing, and the same with the op's PyTorch reference in place of the C kernel: inductor's
+    doing, not the kernel's)."""
+    from attnkit.models.weights import BlockLinear
+
+    return not any(isinstance(m, BlockLinear) for m in model.modules())
+
+
 def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
     """``fn(model, *args)`` through its compiled graph; the first call of a shape compiles it
     (timed and logged). The step writes the cache among ``args`` in place."""
@@ -121,7 +133,7 @@ def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
     # Every model's step is one function to dynamo, whose graphs it counts together: beyond
     # recompile_limit (8) it would run the step eagerly, unannounced.
     limit = torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT)
-    with limit, torch._inductor.config.patch(QUIET | {"freezing": True}), warnings.catch_warnings():
+    with limit, torch._inductor.config.patch(QUIET | {"freezing": freezes(model)}), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "TypedStorage is deprecated")  # inductor's own autotuning uses it
         try:
             out = compiled(*args)

@@ -207,6 +207,14 @@ def test_compiled_step_in_each_weight_format(
     assert weights == "int4" or eager <= (0.15 if weights == "int8-avx2" else 0.1) * fp32.abs().max()
 
 
+def test_models_of_llama_cpp_blocks_compile_without_freezing(tmp_path: Path) -> None:
+    # Freezing around attnkit::block_matmul corrupted the heap on an AVX-512 CPU (compiled.freezes).
+    hf_gpt2(0).save_pretrained(tmp_path)
+    assert compiled.freezes(attnkit.from_pretrained(tmp_path))
+    if kernels.available("avx2"):
+        assert not compiled.freezes(attnkit.from_pretrained(tmp_path, weights="int4"))
+
+
 def test_compile_refusals() -> None:
     model = shared_model("gpt-tiny")
     ids = random_ids(1, (2, 5), model.config.vocab_size)
