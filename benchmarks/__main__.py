@@ -132,13 +132,7 @@ def _smollm2(out: Path | None, repeats: int) -> str:
             + (f", the same greedy tokens as attnkit gguf for {same} of {decoding.NEW}" if same is not None else "")
             + f"; {built['system']}"
         ]  # fmt: skip
-    lines += [f"- skipped {what}: {why}" for what, why in skipped.items()]
-    _write(
-        out,
-        {"results": [asdict(r) | {"ratio": r.ratio} for r in results], "floors": floors, "quality": scores,
-         "skipped": skipped},
-    )  # fmt: skip
-    return "\n".join(lines)
+    return _decoding_report(out, lines, results, floors, skipped, quality=scores)
 
 
 def _decoding(out: Path | None, small: bool, repeats: int, run_dir: Path | None) -> str:
@@ -152,12 +146,16 @@ def _decoding(out: Path | None, small: bool, repeats: int, run_dir: Path | None)
             *(f"| {r['format']} | {r['beams']} | {_compiled(r)} | {r['seconds']:.1f} | {r['bleu']:.2f} | "
               f"{r['chrf']:.2f} |" for r in demo),
         ]  # fmt: skip
-    lines += [f"- skipped {what}: {why}" for what, why in skipped.items()]
-    _write(
-        out,
-        {"results": [asdict(r) | {"ratio": r.ratio} for r in results], "floors": floors, "demo": demo,
-         "skipped": skipped},
-    )  # fmt: skip
+    return _decoding_report(out, lines, results, floors, skipped, demo=demo)
+
+
+def _decoding_report(
+    out: Path | None, lines: list[str], results: list, floors: dict, skipped: dict[str, str], **extra: object
+) -> str:
+    """The decoding suites' tables with what was skipped and why; their numbers to ``out``."""
+    lines = [*lines, *(f"- skipped {what}: {why}" for what, why in skipped.items())]
+    payload = {"results": [asdict(r) | {"ratio": r.ratio} for r in results], "floors": floors, **extra}
+    _write(out, payload | {"skipped": skipped})
     return "\n".join(lines)
 
 

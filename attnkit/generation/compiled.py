@@ -104,12 +104,12 @@ def forget() -> None:
 
 def freezes(model: nn.Module) -> bool:
     """Whether the step is compiled with inductor's freezing (the weights as constants): for every
-    model but those holding llama.cpp blocks (:class:`attnkit.models.weights.BlockLinear`), whose
+    model but those holding llama.cpp blocks (:class:`attnkit.nn.quantized.BlockLinear`), whose
     products are an opaque op that freezing cannot speed up. With freezing, GPT-2 124M in int4
     corrupted the heap on the AVX-512 CPU here (torch 2.13; not with AVX2 kernels, not without
     freezing, and the same with the op's PyTorch reference in place of the C kernel: inductor's
     doing, not the kernel's)."""
-    from attnkit.models.weights import BlockLinear
+    from attnkit.nn.quantized import BlockLinear
 
     return not any(isinstance(m, BlockLinear) for m in model.modules())
 

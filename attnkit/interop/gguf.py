@@ -202,7 +202,8 @@ def load_gguf(path: str | Path, keep_blocks: bool = False) -> Model:
     its Q8_0/Q4_0/Q4_1 linear maps kept as the file's blocks (``weights="gguf"``)."""
     from attnkit.models import build_model
     from attnkit.models.io import load_weights
-    from attnkit.models.weights import BlockLinear, QuantizedLMHead
+    from attnkit.models.weights import QuantizedLMHead
+    from attnkit.nn.quantized import BlockLinear
 
     path = Path(path)
     reader = _reader(path)

@@ -50,11 +50,12 @@ def build_loaded(
     config: ModelConfig, tensors: dict[str, Tensor], source: str, layers: dict[str, str] | None = None
 ) -> Model:
     """The model of ``config`` holding ``tensors``, its ``layers`` quantised as named
-    (:func:`attnkit.models.weights.layouts` of a saved model; their blocks are in ``tensors``).
+    (:func:`attnkit.nn.quantized.layouts` of a saved model; their blocks are in ``tensors``).
     They are checked against a build on the meta device first, which allocates nothing: a
     config.json that disagrees with the file, however large the model it describes, fails
     before any memory is taken."""
-    from attnkit.models.weights import quantized_buffers, quantized_shell
+    from attnkit.models.weights import quantized_shell
+    from attnkit.nn.quantized import quantized_buffers
 
     def built() -> Model:
         return quantized_shell(build_model(config), layers) if layers else build_model(config)

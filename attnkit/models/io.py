@@ -242,7 +242,8 @@ def check_weights(
         if t.shape != p.shape:
             problems.append(f"{name}: shape {tuple(t.shape)} in the file, {tuple(p.shape)} in the config")
         elif t.dtype not in dtypes:
-            problems.append(f"{name}: dtype {t.dtype}, expected {' or '.join(map(str, dtypes))}")
+            wanted = f"{p.dtype} (its layout's)" if name in exact else f"one of {', '.join(map(str, dtypes))}"
+            problems.append(f"{name}: dtype {t.dtype}, expected {wanted}")
         elif t.is_floating_point() and not bool(torch.isfinite(t).all()):
             problems.append(f"{name}: holds NaN or Inf values")
     if problems:
@@ -435,8 +436,8 @@ def check_savable(model: torch.nn.Module, quantized: bool = False) -> None:
 def save_pretrained(model: torch.nn.Module, path: str | Path, overwrite: bool = False) -> None:
     """attnkit's directory: config.json (format, version, model config) and model.safetensors.
     LoRA adapters are merged into the weights they adapt (:mod:`attnkit.nn.lora`)."""
-    from attnkit.models.weights import layouts, quantized_buffers
     from attnkit.nn.lora import merged_copy
+    from attnkit.nn.quantized import layouts, quantized_buffers
 
     check_savable(model, quantized=True)
     model = merged_copy(model)

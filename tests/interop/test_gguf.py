@@ -15,7 +15,7 @@ from torch.testing import assert_close
 import attnkit
 from attnkit import kernels
 from attnkit.cli import main
-from attnkit.models import weights
+from attnkit.nn.quantized import layouts
 
 TEXTS = ["The capital of France is", "Hello world! 12345 <|im_start|>user\nhi<|im_end|>", "  tabs\tand café 3.14"]
 
@@ -127,7 +127,7 @@ def test_gguf_blocks_are_computed_on_as_the_file_holds_them(
 
     ours = pair[0]
     assert blocks_model.weights == "gguf"
-    found = weights.layouts(blocks_model)
+    found = layouts(blocks_model)
     assert found["head"] == "q8_0" and found["decoder.layers.0.ffn.w_2"] == "q4_1" and len(found) == 1 + 30 * 7
     assert not any(type(m) is torch.nn.Linear for m in blocks_model.modules())
     # The blocks are the file's bytes: dequantised, they equal the gguf package's dequantisation.

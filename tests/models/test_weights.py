@@ -18,7 +18,8 @@ import attnkit
 from attnkit import kernels
 from attnkit.models import build_model, weights
 from attnkit.models.io import CONFIG, WEIGHTS, read_safetensors, write_directory
-from attnkit.models.weights import BlockLinear, Int8Linear, quantize_rows, to_format
+from attnkit.models.weights import to_format
+from attnkit.nn.quantized import BlockLinear, Int8Linear, layouts, quantize_rows
 
 FAMILIES = ["gpt-tiny", "llama-tiny", "bert-tiny", "t5-tiny", "transformer-tiny"]
 # Stated tolerance: |logits - fp32 logits| <= TOLERANCE[format] * max|fp32 logits|, elementwise.
@@ -143,7 +144,7 @@ def test_quantised_models_save_and_load_bit_exact(tmp_path: Path, fmt: str) -> N
     model = attnkit.from_pretrained(directory, weights=fmt.removesuffix("-avx2"))
     model.save_pretrained(tmp_path / "quantised")
     loaded = attnkit.from_pretrained(tmp_path / "quantised")
-    assert loaded.weights == model.weights and weights.layouts(loaded) == weights.layouts(model)
+    assert loaded.weights == model.weights and layouts(loaded) == layouts(model)
     saved, got = model.state_dict(), loaded.state_dict()
     assert saved.keys() == got.keys()
     for name, value in saved.items():

@@ -195,7 +195,7 @@ CLI_CASES = [
         gen("--ids", "5", "--max-new-tokens", "100000000"),
         ("max_new_tokens=100000000 exceeds the model's context", "lower max_new_tokens"),
     ),
-    Case("unknown-weight-format", gen("--ids", "5", "--weights", "int4"), ("--weights", "'int4'"), usage=True),
+    Case("unknown-weight-format", gen("--ids", "5", "--weights", "int3"), ("--weights", "'int3'"), usage=True),
     Case("negative-id", gen("--ids", "-4"), ("token id -4", f"[0, {VOCAB})")),
     Case("ids-not-integers", gen("--ids", "5 six"), ("'5 six'", "space-separated integer")),
     Case("ids-empty", gen("--ids", " "), ("--ids needs at least one token id",)),

@@ -1,0 +1,171 @@
+"""Linear maps of quantised weights for inference (:mod:`attnkit.models.weights` chooses and
+builds them): int8 rows for bf16 activations (:class:`Int8Linear`) and llama.cpp's blocks of 32
+(:class:`BlockLinear`, :mod:`attnkit.kernels`). Their weights are buffers, kept in their own
+dtypes whatever the model is cast to."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit import kernels
+from attnkit.kernels import BLOCK
+
+ROWS = "int8-rows"  # the layout of int8 where bf16 is native; the others are kernels.FORMATS
+LAYOUTS = (ROWS, *kernels.FORMATS)
+
+
+def _padded(features: int) -> int:
+    return features + (-features % BLOCK)
+
+
+def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 of each output row: ``(q, scales)`` with ``weight ≈ q * scales[:, None]``,
+    ``q`` int8 in [-127, 127] and ``scales`` fp32 of shape (out,). A row of zeros keeps scale 1.
+    ``q``'s columns are padded with zeros to a multiple of 32, as the block layouts' are."""
+    w = weight.detach().float()
+    peak = w.abs().amax(dim=1)
+    scales = torch.where(peak > 0, peak / 127, torch.ones_like(peak))
+    q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return F.pad(q, (0, -q.shape[1] % BLOCK)), scales
+
+
+class Quantized(nn.Module):
+    """A linear map of quantised weights (buffers, not parameters) and an optional fp bias."""
+
+    layout: str
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
+
+    def _inputs(self, x: Tensor) -> Tensor:
+        """x (..., in) -> (N, in padded to a multiple of 32)."""
+        flat = x.reshape(-1, x.shape[-1])
+        if flat.shape[1] != _padded(self.in_features):  # the weights are padded with zeros
+            flat = F.pad(flat, (0, _padded(self.in_features) - flat.shape[1]))
+        return flat
+
+    def _finish(self, out: Tensor, x: Tensor) -> Tensor:
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _apply(self, fn, recurse=True):  # nn.Module's signature
+        """A cast of the model (``.to(torch.bfloat16)``) leaves the quantised buffers' dtypes
+        as they are: they are weights and scales, not activations. Devices still move."""
+        dtypes = {name: b.dtype for name, b in self._buffers.items() if b is not None}
+        before = dict(self._buffers)
+        super()._apply(fn, recurse)
+        for name, dtype in dtypes.items():
+            if self._buffers[name].dtype != dtype:
+                self._buffers[name] = before[name].to(self._buffers[name].device)
+        return self
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.layout}"
+
+
+class Int8Linear(Quantized):
+    """int8 weights row by row (:func:`quantize_rows`) for bf16 activations, where bf16 is native."""
+
+    layout = ROWS
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__(in_features, out_features, bias)
+        self.register_buffer("weight_int8", torch.zeros(out_features, _padded(in_features), dtype=torch.int8))
+        self.register_buffer("scales", torch.ones(out_features))  # (out,)
+
+    @classmethod
+    def of(cls, weight: Tensor, bias: Tensor | None = None) -> Int8Linear:
+        layer = cls(weight.shape[1], weight.shape[0], bias is not None)
+        layer.weight_int8, layer.scales = quantize_rows(weight)
+        if bias is not None:
+            layer.bias.data.copy_(bias.detach())
+        return layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = self._inputs(x)
+        if flat.dtype == torch.bfloat16:
+            out = torch._weight_int8pack_mm(flat.contiguous(), self.weight_int8, self.scales.to(flat.dtype))
+        else:  # fp32 activations: the kernel would be 10-20x slower than dequantising
+            out = F.linear(flat, self.weight_int8.to(flat.dtype)) * self.scales.to(flat.dtype)
+        return self._finish(out, x)
+
+
+class BlockLinear(Quantized):
+    """Weights in llama.cpp's blocks of 32 (``layout``: q8_0, q4_0 or q4_1; :mod:`attnkit.kernels.blocks`)
+    times fp32 activations through :func:`attnkit.kernels.block_matmul`."""
+
+    def __init__(self, in_features: int, out_features: int, layout: str, bias: bool = False) -> None:
+        super().__init__(in_features, out_features, bias)
+        kernels.blocks.check(layout)
+        self.layout = layout
+        k = _padded(in_features)
+        data = (out_features, k) if layout == "q8_0" else (out_features, k // 2)
+        self.register_buffer("blocks", torch.zeros(data, dtype=torch.int8 if layout == "q8_0" else torch.uint8))
+        self.register_buffer("block_scales", torch.zeros(out_features, k // BLOCK, dtype=torch.float16))
+        mins = torch.zeros(out_features, k // BLOCK, dtype=torch.float16) if layout == "q4_1" else None
+        self.register_buffer("block_mins", mins)
+
+    @classmethod
+    def of(cls, weight: Tensor, layout: str, bias: Tensor | None = None) -> BlockLinear:
+        """``weight`` (out, in) quantised to ``layout``'s blocks (in padded with zeros)."""
+        data, d, m = kernels.quantize(F.pad(weight.detach().float(), (0, -weight.shape[1] % BLOCK)), layout)
+        return cls.of_blocks(weight.shape[1], layout, data, d, m, bias)
+
+    @classmethod
+    def of_blocks(
+        cls, in_features: int, layout: str, data: Tensor, d: Tensor, m: Tensor | None, bias: Tensor | None = None
+    ) -> BlockLinear:
+        """A layer holding these blocks as they are (a GGUF file's)."""
+        layer = cls(in_features, data.shape[0], layout, bias is not None)
+        for name, value in (("blocks", data), ("block_scales", d), ("block_mins", m)):
+            if value is not None:
+                expected = layer._buffers[name]
+                if value.shape != expected.shape or value.dtype != expected.dtype:
+                    raise ValueError(
+                        f"{layout} {name} of shape {tuple(value.shape)} {value.dtype} for a ({data.shape[0]}, "
+                        f"{in_features}) weight; expected {tuple(expected.shape)} {expected.dtype}"
+                    )
+                layer._buffers[name] = value.contiguous()
+        if bias is not None:
+            layer.bias.data.copy_(bias.detach())
+        return layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = self._inputs(x).float()
+        out = kernels.block_matmul(flat, self.layout, self.blocks, self.block_scales, self.block_mins)
+        return self._finish(out.to(x.dtype), x)
+
+
+def shell(layout: str, in_features: int, out_features: int, bias: bool) -> Quantized:
+    if layout == ROWS:
+        return Int8Linear(in_features, out_features, bias)
+    return BlockLinear(in_features, out_features, layout, bias)
+
+
+def quantized(layout: str, weight: Tensor, bias: Tensor | None = None) -> Quantized:
+    return Int8Linear.of(weight, bias) if layout == ROWS else BlockLinear.of(weight, layout, bias)
+
+
+def layouts(model: nn.Module) -> dict[str, str]:
+    """Each quantised layer's name and layout (``"head"`` for the vocabulary projection)."""
+    found = {}
+    for name, module in model.named_modules():
+        if isinstance(module, Quantized):
+            found["head" if name == "head.proj" else name] = module.layout
+    return found
+
+
+def quantized_buffers(model: nn.Module) -> dict[str, Tensor]:
+    """The quantised layers' buffers, by their names in the model's state dict."""
+    return {
+        f"{name}.{key}": value
+        for name, module in model.named_modules()
+        if isinstance(module, Quantized)
+        for key, value in module._buffers.items()
+        if value is not None
+    }
