@@ -26,14 +26,8 @@ def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
     ``weights`` format: ``"fp32"`` as trained, ``"bf16"``, ``"int8"`` or ``"int4"`` for
     inference, ``"gguf"`` for a GGUF file's own blocks (:mod:`attnkit.models.weights`); a
     format this machine cannot run fast gives the fastest it can, with a line in the log."""
-    path = Path(path)
     weights = format_for(weights, torch.device("cpu"))
-    gguf = path.suffix == ".gguf" and path.is_file()
-    if weights == "gguf" and not gguf:
-        raise ValueError(
-            f"weights='gguf' keeps a GGUF file's own blocks and {path} is not a .gguf file; use 'int8' or 'int4'"
-        )
-    model = _load(path, keep_blocks=weights == "gguf")
+    model = _load(Path(path), keep_blocks=weights == "gguf")
     return model if weights in ("fp32", "gguf") else to_format(model, weights)
 
 
@@ -42,6 +36,10 @@ def _load(directory: Path, keep_blocks: bool = False) -> Model:
         from attnkit.interop.gguf import load_gguf
 
         return load_gguf(directory, keep_blocks)
+    if keep_blocks:
+        raise ValueError(
+            f"weights='gguf' keeps a GGUF file's own blocks and {directory} is not a .gguf file; use 'int8' or 'int4'"
+        )
     if not directory.is_dir():
         raise FileNotFoundError(
             f"{directory} is not a directory; pass a directory written by save_pretrained (or a .gguf file)"

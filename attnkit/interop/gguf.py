@@ -102,10 +102,9 @@ def _unpermute(w: Tensor, heads: int) -> Tensor:
 # GGUF's block types attnkit computes on as they are: its layout, bytes per block, header bytes
 # (the fp16 scale, and Q4_1's fp16 minimum) before the values.
 _BLOCKS = {"Q8_0": ("q8_0", 34, 2), "Q4_0": ("q4_0", 18, 2), "Q4_1": ("q4_1", 20, 4)}
-Blocks = tuple[str, Tensor, Tensor, Tensor | None]  # layout, values, scales, minima (kernels.blocks)
 
 
-def _split_blocks(tensor: Any, path: Path) -> Blocks:
+def _split_blocks(tensor: Any, path: Path) -> tuple[str, Tensor, Tensor, Tensor | None]:
     """A Q8_0/Q4_0/Q4_1 tensor's bytes (rows, blocks · size) as separate values, fp16 scales and
     (Q4_1) minima, copied without dequantising; a truncated or non-finite block names the tensor."""
     layout, size, header = _BLOCKS[tensor.tensor_type.name]
@@ -134,15 +133,18 @@ def _unpermuted(template: str, cfg: ModelConfig, w: Tensor) -> Tensor:
 
 def tensors_of(
     reader: Any, cfg: ModelConfig, path: Path, keep_blocks: bool = False
-) -> tuple[dict[str, Tensor], dict[str, Blocks]]:
+) -> tuple[dict[str, Tensor], dict[str, str]]:
     """Every tensor renamed, q/k rows back in Llama's layout: dequantised to float32, or with
-    ``keep_blocks`` the linear maps of Q8_0/Q4_0/Q4_1 type as their blocks (by layer name, "head"
-    for the vocabulary projection; a tied embedding is both dequantised and kept)."""
+    ``keep_blocks`` the linear maps of Q8_0/Q4_0/Q4_1 type as their blocks (the tensors of a
+    :class:`~attnkit.nn.quantized.BlockLinear`; a tied embedding is both dequantised and kept
+    for the head), with those layers' layouts by name ("head" for the vocabulary projection)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
+    from attnkit.nn.quantized import block_tensors
+
     out: dict[str, Tensor] = {}
-    kept: dict[str, Blocks] = {}
+    kept: dict[str, str] = {}
     tied = all(t.name != "output.weight" for t in reader.tensors)
     for tensor in reader.tensors:
         layer = _LAYER.match(tensor.name)
@@ -151,13 +153,14 @@ def tensors_of(
             raise ValueError(f"{path}: tensor {tensor.name!r} is not one of a Llama GGUF's")
         name = _NAMES[template].format(i=layer.group(1) if layer else "")
         if keep_blocks and tensor.tensor_type.name in _BLOCKS and template != "output_norm.weight":
-            layout, data, d, m = _split_blocks(tensor, path)
-            blocks = (layout, *(None if t is None else _unpermuted(template, cfg, t) for t in (data, d, m)))
+            layout, *blocks = _split_blocks(tensor, path)
+            data, d, m = (None if t is None else _unpermuted(template, cfg, t) for t in blocks)
+            target = "head" if template in ("output.weight", "token_embd.weight") else name.removesuffix(".weight")
+            if template != "token_embd.weight" or tied:  # a tied embedding is also looked up in fp32, below
+                kept[target] = layout
+                out.update(block_tensors(target, data, d, m))
             if template != "token_embd.weight":
-                kept["head" if template == "output.weight" else name.removesuffix(".weight")] = blocks
                 continue
-            if tied:  # the head's blocks; the embedding itself is looked up in fp32 (below)
-                kept["head"] = blocks
         try:
             values = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
         except (NotImplementedError, ValueError) as err:
@@ -200,33 +203,15 @@ def load_gguf(path: str | Path, keep_blocks: bool = False) -> Model:
     """The attnkit model of a Llama GGUF file, with its tokenizer (``model.tokenizer``) and chat
     template (``model.chat_template``, where the file has one): fp32, or with ``keep_blocks``
     its Q8_0/Q4_0/Q4_1 linear maps kept as the file's blocks (``weights="gguf"``)."""
-    from attnkit.models import build_model
-    from attnkit.models.io import load_weights
-    from attnkit.models.weights import QuantizedLMHead
-    from attnkit.nn.quantized import BlockLinear
+    from attnkit.models.weights import finish_format
 
     path = Path(path)
     reader = _reader(path)
     cfg = config_of(reader, path)
-    tensors, kept = tensors_of(reader, cfg, path, keep_blocks)
-    if not kept:
-        model = build_loaded(cfg, tensors, str(path))
-    else:
-        model = build_model(cfg)
-        for name, (layout, data, d, m) in kept.items():
-            d_in = data.shape[1] * (1 if layout == "q8_0" else 2)
-            try:
-                layer = BlockLinear.of_blocks(d_in, layout, data, d, m)
-            except ValueError as err:
-                raise ValueError(f"{path}: layer {name}: {err}; the file is corrupt") from None
-            if name == "head":
-                model.head = QuantizedLMHead(model.head, layer)
-            else:
-                parent, _, child = name.rpartition(".")
-                setattr(model.get_submodule(parent), child, layer)
-        load_weights(model, tensors, str(path))
-        model.eval().requires_grad_(False)
-        model.weights = "gguf"
+    tensors, layers = tensors_of(reader, cfg, path, keep_blocks)
+    model = build_loaded(cfg, tensors, str(path), layers)  # the blocks checked as a saved model's are
+    if layers:
+        finish_format(model, "gguf")
     model.tokenizer = tokenizer_of(reader, path)
     model.chat_template = _field(reader, "tokenizer.chat_template")
     return model.eval()

@@ -444,8 +444,9 @@ def save_pretrained(model: torch.nn.Module, path: str | Path, overwrite: bool = 
     config: ModelConfig = model.config
     meta: dict[str, Any] = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": config.to_dict()}
     tensors = dict(model.named_parameters())
-    if layouts(model):  # the quantised layers as they are, loaded without quantising again
-        meta["weights"] = {"format": model.weights, "layers": layouts(model)}
+    found = layouts(model)
+    if found:  # the quantised layers as they are, loaded without quantising again
+        meta["weights"] = {"format": model.weights, "layers": found}
         tensors.update(quantized_buffers(model))
     files: dict[str, bytes | dict[str, Tensor]] = {
         CONFIG: (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode(),

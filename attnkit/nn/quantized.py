@@ -48,6 +48,11 @@ class Quantized(nn.Module):
             flat = F.pad(flat, (0, _padded(self.in_features) - flat.shape[1]))
         return flat
 
+    def _with_bias(self, bias: Tensor | None) -> Quantized:
+        if bias is not None:
+            self.bias.data.copy_(bias.detach())
+        return self
+
     def _finish(self, out: Tensor, x: Tensor) -> Tensor:
         if self.bias is not None:
             out = out + self.bias
@@ -76,20 +81,20 @@ class Int8Linear(Quantized):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias)
         self.register_buffer("weight_int8", torch.zeros(out_features, _padded(in_features), dtype=torch.int8))
-        self.register_buffer("scales", torch.ones(out_features))  # (out,)
+        # (out,) in the bf16 of the activations they meet, so that no product casts them
+        self.register_buffer("scales", torch.ones(out_features, dtype=torch.bfloat16))
 
     @classmethod
     def of(cls, weight: Tensor, bias: Tensor | None = None) -> Int8Linear:
         layer = cls(weight.shape[1], weight.shape[0], bias is not None)
-        layer.weight_int8, layer.scales = quantize_rows(weight)
-        if bias is not None:
-            layer.bias.data.copy_(bias.detach())
-        return layer
+        layer.weight_int8, scales = quantize_rows(weight)
+        layer.scales = scales.to(torch.bfloat16)
+        return layer._with_bias(bias)
 
     def forward(self, x: Tensor) -> Tensor:
         flat = self._inputs(x)
         if flat.dtype == torch.bfloat16:
-            out = torch._weight_int8pack_mm(flat.contiguous(), self.weight_int8, self.scales.to(flat.dtype))
+            out = torch._weight_int8pack_mm(flat.contiguous(), self.weight_int8, self.scales)
         else:  # fp32 activations: the kernel would be 10-20x slower than dequantising
             out = F.linear(flat, self.weight_int8.to(flat.dtype)) * self.scales.to(flat.dtype)
         return self._finish(out, x)
@@ -113,27 +118,10 @@ class BlockLinear(Quantized):
     @classmethod
     def of(cls, weight: Tensor, layout: str, bias: Tensor | None = None) -> BlockLinear:
         """``weight`` (out, in) quantised to ``layout``'s blocks (in padded with zeros)."""
-        data, d, m = kernels.quantize(F.pad(weight.detach().float(), (0, -weight.shape[1] % BLOCK)), layout)
-        return cls.of_blocks(weight.shape[1], layout, data, d, m, bias)
-
-    @classmethod
-    def of_blocks(
-        cls, in_features: int, layout: str, data: Tensor, d: Tensor, m: Tensor | None, bias: Tensor | None = None
-    ) -> BlockLinear:
-        """A layer holding these blocks as they are (a GGUF file's)."""
-        layer = cls(in_features, data.shape[0], layout, bias is not None)
-        for name, value in (("blocks", data), ("block_scales", d), ("block_mins", m)):
-            if value is not None:
-                expected = layer._buffers[name]
-                if value.shape != expected.shape or value.dtype != expected.dtype:
-                    raise ValueError(
-                        f"{layout} {name} of shape {tuple(value.shape)} {value.dtype} for a ({data.shape[0]}, "
-                        f"{in_features}) weight; expected {tuple(expected.shape)} {expected.dtype}"
-                    )
-                layer._buffers[name] = value.contiguous()
-        if bias is not None:
-            layer.bias.data.copy_(bias.detach())
-        return layer
+        layer = cls(weight.shape[1], weight.shape[0], layout, bias is not None)
+        padded = F.pad(weight.detach().float(), (0, -weight.shape[1] % BLOCK))
+        layer.blocks, layer.block_scales, layer.block_mins = kernels.quantize(padded, layout)
+        return layer._with_bias(bias)
 
     def forward(self, x: Tensor) -> Tensor:
         flat = self._inputs(x).float()
@@ -151,13 +139,24 @@ def quantized(layout: str, weight: Tensor, bias: Tensor | None = None) -> Quanti
     return Int8Linear.of(weight, bias) if layout == ROWS else BlockLinear.of(weight, layout, bias)
 
 
+HEAD = "head.proj"  # the vocabulary projection's layer, named "head" in :func:`layouts`
+
+
 def layouts(model: nn.Module) -> dict[str, str]:
     """Each quantised layer's name and layout (``"head"`` for the vocabulary projection)."""
     found = {}
     for name, module in model.named_modules():
         if isinstance(module, Quantized):
-            found["head" if name == "head.proj" else name] = module.layout
+            found["head" if name == HEAD else name] = module.layout
     return found
+
+
+def block_tensors(name: str, data: Tensor, d: Tensor, m: Tensor | None) -> dict[str, Tensor]:
+    """The state-dict entries of the :class:`BlockLinear` named ``name`` (as in :func:`layouts`)
+    that holds these blocks (:mod:`attnkit.kernels.blocks`)."""
+    prefix = HEAD if name == "head" else name
+    found = {f"{prefix}.blocks": data, f"{prefix}.block_scales": d}
+    return found if m is None else found | {f"{prefix}.block_mins": m}
 
 
 def quantized_buffers(model: nn.Module) -> dict[str, Tensor]:
