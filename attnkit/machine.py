@@ -179,6 +179,26 @@ def keep_freed_memory(threshold: int = 256 * 2**20) -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, 2 * threshold))
 
 
+def inductor_cache_per_capability() -> str | None:
+    """Where ``ATEN_CPU_CAPABILITY`` forces a kernel class (e.g. ``avx2`` on an AVX-512 CPU, as
+    the benchmarks do), keep inductor's on-disk cache apart for it: inductor's cache does not key
+    its compiled graphs on that variable, and a graph compiled under ``avx2`` and reloaded by a
+    process without it corrupted the heap here (``malloc(): unaligned tcache chunk detected``,
+    torch 2.13; a fresh cache compiled the same graph cleanly). A cache directory the user chose
+    (``TORCHINDUCTOR_CACHE_DIR`` other than inductor's default) is left as it is. Returns the
+    directory set, or None."""
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if not capability:
+        return None
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    default = os.path.abspath(default_cache_dir())
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default) not in (default, f"{default}-{capability}"):
+        return None
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}-{capability}"
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
 def machine() -> dict[str, object]:
     """Date, CPU model, class and flags that matter, core count, torch's thread count, version
     and kernel capability, and the GPU if any."""

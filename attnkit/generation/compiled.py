@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnkit.machine import inductor_cache_per_capability
+
 log = logging.getLogger(__name__)
 
 # Kernels chosen by measuring them; the weights as constants of the graph (inductor's freezing,
@@ -105,10 +107,10 @@ def forget() -> None:
 def freezes(model: nn.Module) -> bool:
     """Whether the step is compiled with inductor's freezing (the weights as constants): for every
     model but those holding llama.cpp blocks (:class:`attnkit.nn.quantized.BlockLinear`), whose
-    products are an opaque op that freezing cannot speed up. With freezing, GPT-2 124M in int4
-    corrupted the heap on the AVX-512 CPU here (torch 2.13; not with AVX2 kernels, not without
-    freezing, and the same with the op's PyTorch reference in place of the C kernel: inductor's
-    doing, not the kernel's)."""
+    products are an opaque op that freezing cannot speed up (int4 GPT-2 124M decoded in 0.58 s
+    with freezing, 0.59 s without). Freezing was first blamed for a corrupted heap that came from
+    inductor's cache shared between processes of different ``ATEN_CPU_CAPABILITY``
+    (:func:`attnkit.machine.inductor_cache_per_capability`)."""
     from attnkit.nn.quantized import BlockLinear
 
     return not any(isinstance(m, BlockLinear) for m in model.modules())
@@ -129,6 +131,7 @@ def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
     key = (id(model), fn, weight.dtype, weight.device, tuple(_shape(a) for a in args))
     if key in _seen:
         return compiled(*args)
+    inductor_cache_per_capability()
     start = time.perf_counter()
     # Every model's step is one function to dynamo, whose graphs it counts together: beyond
     # recompile_limit (8) it would run the step eagerly, unannounced.

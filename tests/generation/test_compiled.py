@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ import attnkit
 from attnkit import kernels
 from attnkit.generation import compiled
 from attnkit.generation.incremental import IncrementalModel
+from attnkit.machine import inductor_cache_per_capability
 from attnkit.models import weights as model_weights
 
 pytestmark = pytest.mark.slow  # every test compiles (a few seconds each)
@@ -208,11 +210,29 @@ def test_compiled_step_in_each_weight_format(
 
 
 def test_models_of_llama_cpp_blocks_compile_without_freezing(tmp_path: Path) -> None:
-    # Freezing around attnkit::block_matmul corrupted the heap on an AVX-512 CPU (compiled.freezes).
+    # attnkit::block_matmul is opaque: freezing gains it nothing (compiled.freezes).
     hf_gpt2(0).save_pretrained(tmp_path)
     assert compiled.freezes(attnkit.from_pretrained(tmp_path))
     if kernels.available("avx2"):
         assert not compiled.freezes(attnkit.from_pretrained(tmp_path, weights="int4"))
+
+
+def test_a_forced_cpu_capability_compiles_into_its_own_inductor_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A graph compiled under ATEN_CPU_CAPABILITY=avx2 and reloaded without it from inductor's
+    # shared cache corrupted the heap (attnkit.machine.inductor_cache_per_capability).
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    default = os.path.abspath(default_cache_dir())
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert inductor_cache_per_capability() is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert inductor_cache_per_capability() == f"{default}-avx2" == os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    assert inductor_cache_per_capability() == f"{default}-avx2"  # again: the same
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default)  # inductor's own default, as it writes it back
+    assert inductor_cache_per_capability() == f"{default}-avx2"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/chosen")  # the user's choice stands
+    assert inductor_cache_per_capability() is None and os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/chosen"
 
 
 def test_compile_refusals() -> None:
