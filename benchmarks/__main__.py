@@ -11,7 +11,8 @@ earlier commit, side by side), ``recipe`` (variants of a run preset over seeds a
 in a fresh process: ``python -m benchmarks recipe --help``), ``decoding`` (per weight
 format against transformers and CTranslate2: batch-1 GPT-2 greedy with its bandwidth floor,
 Marian-shaped batch-32 beam-4, and a trained translator's BLEU with ``--run DIR``),
-``smollm2`` (the real SmolLM2-135M, batch-1 greedy per format), ``embed`` (MiniLM sentence
+``smollm2`` (the real SmolLM2-135M, batch-1 greedy per format), ``blocks`` (the block kernel
+per product against fp32, by activation rows: where ``kernels.DENSE_ROWS`` comes from), ``embed`` (MiniLM sentence
 embeddings against sentence-transformers' pooling on transformers), ``serve`` (``attnkit serve``
 under 1, 8 and 32 concurrent clients against the same requests one at a time), ``startup`` (the command
 line's start-up:
@@ -30,6 +31,7 @@ import torch
 
 from benchmarks import (
     attention,
+    blocks,
     decoding,
     demo,
     embed,
@@ -49,6 +51,7 @@ from benchmarks.common import machine, report
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SUITES = {
+    "blocks": (blocks.run, "The block kernel per product against fp32 F.linear, by rows (2 threads)"),
     "embed": (embed.run, "Sentence embeddings, real all-MiniLM-L6-v2 weights (2 threads)"),
     "fastpaths": (fastpaths.run, "Fast paths before they are built: attnkit's three projections vs one fused"),
     "forward": (forward.run, "Forward throughput, fp32, identical weights"),

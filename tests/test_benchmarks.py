@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ("gpu", ["--small", "--device", "cpu"]),
         ("startup", []),
         ("embed", ["--small"]),
+        ("blocks", ["--small"]),
     ],
 )
 def test_suite_runs_and_writes_json(suite: str, options: list[str], tmp_path: Path) -> None:

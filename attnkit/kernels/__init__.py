@@ -7,6 +7,10 @@ pure-PyTorch reference it is tested against (:mod:`attnkit.kernels.blocks`).
 and its 4-bit kernels need AVX-512). The activations are quantised to int8 per block at each
 product and each block's integer dot product is taken with AVX2's ``vpmaddubsw``/``vpmaddwd``
 (``blocks_avx2.c``): the same kernel runs on AVX512 CPUs, which have AVX2 too.
+``block_matmuls`` takes several weights that meet one input (attention's q, k and v; a gated
+FFN's gate and up) in one call: at batch 1 a small product costs more in its call than in its
+arithmetic. From ``DENSE_ROWS`` activation rows on (a batch, beams, a prompt) the blocks are
+dequantised and multiplied dense in fp32 instead, where the integer products lose to fp32.
 
 The library is plain C, no torch headers, built with the system's C compiler (``$CC``, else
 ``cc``: the compiler inductor needs too) in about a second, where a ``torch.utils.cpp_extension``
@@ -26,12 +30,14 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.kernels.blocks import BLOCK, FORMATS, check, matmul_reference, quantize, quantize_activations
+from attnkit.kernels.blocks import BLOCK, FORMATS, check, dequantize, matmul_reference, quantize, quantize_activations
 from attnkit.machine import cpu_flags
 
 __all__ = [
@@ -41,6 +47,7 @@ __all__ = [
     "KernelUnavailableError",
     "available",
     "block_matmul",
+    "block_matmuls",
     "matmul_reference",
     "quantize",
     "quantize_activations",
@@ -52,6 +59,10 @@ SOURCE = Path(__file__).with_name("blocks_avx2.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 FEATURES = frozenset({"avx2", "fma", "f16c"})
 KERNELS = ("auto", "avx2", "reference")
+# From this many activation rows on (a batch, beams, a prompt), a product dequantises its blocks
+# and multiplies them dense in fp32: at 32 rows that wins over the integer dot products on every
+# shape measured, at 16 it loses on most (`python -m benchmarks blocks`, docs/performance.md).
+DENSE_ROWS = 32
 _CODES = {name: code for code, name in enumerate(FORMATS)}  # blocks_avx2.c's enum
 
 
@@ -101,8 +112,11 @@ def _build() -> ctypes.CDLL | KernelUnavailableError:
         library = ctypes.CDLL(str(target))
     except OSError as err:
         return KernelUnavailableError(f"the AVX2 block kernel cannot be built or loaded in {target.parent} ({err})")
-    library.attnkit_block_matmul.restype = ctypes.c_int
-    library.attnkit_block_matmul.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3
+    library.attnkit_block_matmul.restype = library.attnkit_block_dequantize.restype = ctypes.c_int
+    arrays = [ctypes.c_void_p] * 5  # the weights' data, scales, minima and row counts; the output
+    int64 = ctypes.c_int64
+    library.attnkit_block_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, *arrays, int64, int64]
+    library.attnkit_block_dequantize.argtypes = [ctypes.c_int, ctypes.c_int, *arrays, int64]
     return library
 
 
@@ -123,29 +137,54 @@ def _auto() -> str:
     return "avx2" if available("avx2") else "reference"
 
 
-def _run_avx2(x: Tensor, format: str, data: Tensor, d: Tensor, m: Tensor | None) -> Tensor:
-    """The C kernel on ``x`` (m, k) fp32 and a weight's blocks (:mod:`attnkit.kernels.blocks`)."""
-    x, data, d = x.contiguous(), data.contiguous(), d.contiguous()
-    m = d if m is None else m.contiguous()  # unused but for q4_1
-    out = torch.empty(x.shape[0], data.shape[0], dtype=torch.float32)
-    status = _avx2_library().attnkit_block_matmul(
-        _CODES[format], x.data_ptr(), data.data_ptr(), d.data_ptr(), m.data_ptr(), out.data_ptr(),
-        x.shape[0], data.shape[0], x.shape[1],
-    )  # fmt: skip
-    if status != 0:
-        raise RuntimeError(f"the AVX2 block kernel failed (status {status}: 1 = k not a multiple of 32, 2 = no memory)")
+Weight = tuple[Tensor, Tensor, "Tensor | None"]  # one weight's blocks: data, d (fp16 scales), m (q4_1's minima)
+
+
+@functools.lru_cache(maxsize=4096)
+def _arrays(data: tuple[int, ...], d: tuple[int, ...], m: tuple[int, ...], n: tuple[int, ...]) -> tuple:
+    """The C arrays of the weights' addresses and row counts (a model's weights stay put: built once)."""
+    pointers = ctypes.c_void_p * len(data)
+    return pointers(*data), pointers(*d), pointers(*m), (ctypes.c_int64 * len(n))(*n)
+
+
+def _run_avx2(x: Tensor, format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor]) -> Tensor:
+    """The C kernel on ``x`` (m, k) fp32 and the weights' blocks side by side: (m, Σ n_i)."""
+    x = x.contiguous()
+    data, d = [t.contiguous() for t in data], [t.contiguous() for t in d]
+    m = [t.contiguous() for t in m] or d  # unused but for q4_1
+    n = tuple(t.shape[0] for t in data)
+    arrays = _arrays(*(tuple(t.data_ptr() for t in ts) for ts in (data, d, m)), n)
+    library = _avx2_library()
+    if x.shape[0] >= DENSE_ROWS:  # the weights dequantised, then one dense fp32 product
+        dense = torch.empty(sum(n), x.shape[1], dtype=torch.float32)
+        _status(library.attnkit_block_dequantize(_CODES[format], len(data), *arrays, dense.data_ptr(), x.shape[1]))
+        return torch.mm(x, dense.T)
+    out = torch.empty(x.shape[0], sum(n), dtype=torch.float32)
+    _status(
+        library.attnkit_block_matmul(
+            _CODES[format], x.data_ptr(), len(data), *arrays, out.data_ptr(), x.shape[0], x.shape[1]
+        )
+    )
     return out
 
 
+def _status(status: int) -> None:
+    if status != 0:
+        raise RuntimeError(
+            f"the AVX2 block kernel failed (status {status}: 1 = k not a multiple of 32, 2 = no memory, "
+            "4 = more than 8 weights)"
+        )
+
+
 @torch.library.custom_op("attnkit::block_matmul", mutates_args=())
-def _block_matmul_avx2(x: Tensor, format: str, data: Tensor, d: Tensor, m: Tensor | None) -> Tensor:
+def _block_matmul_avx2(x: Tensor, format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor]) -> Tensor:
     """:func:`_run_avx2` as an op ``torch.compile`` keeps whole (eager calls skip its dispatch: 9 µs)."""
     return _run_avx2(x, format, data, d, m)
 
 
 @_block_matmul_avx2.register_fake
-def _(x: Tensor, format: str, data: Tensor, d: Tensor, m: Tensor | None) -> Tensor:
-    return x.new_empty(x.shape[0], data.shape[0])
+def _(x: Tensor, format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor]) -> Tensor:
+    return x.new_empty(x.shape[0], sum(t.shape[0] for t in data))
 
 
 def block_matmul(
@@ -153,21 +192,39 @@ def block_matmul(
 ) -> Tensor:
     """``x`` (m, k) fp32 times the weight (n, k) held as ``format``'s blocks ``data``, ``d`` (fp16
     scales, (n, k / 32)) and, for q4_1, ``m`` (its minima): (m, n) fp32, ``x`` quantised per block
-    of 32 (:mod:`attnkit.kernels.blocks`). ``kernel``: "avx2", "reference", or "auto" (AVX2
+    of 32 (:mod:`attnkit.kernels.blocks`); from ``DENSE_ROWS`` rows of ``x`` on, ``x`` as it is
+    times the dequantised weight. ``kernel``: "avx2", "reference", or "auto" (AVX2
     where it runs). k must be a multiple of 32 (pad both sides with zeros)."""
+    return block_matmuls(x, format, [(data, d, m)], kernel)
+
+
+def block_matmuls(x: Tensor, format: str, weights: Sequence[Weight], kernel: str = "auto") -> Tensor:
+    """``x`` (m, k) times several weights of one ``format`` at once (attention's q, k and v, a gated
+    FFN's gate and up): (m, Σ n_i), their products side by side, as :func:`block_matmul` gives
+    each. One call, one quantisation of ``x`` and one team of threads for all (at most 8)."""
     if kernel != "reference" and torch.compiler.is_compiling():
         # The op, opaque to the graph: a model holds blocks for the C kernel only where it runs.
-        return _block_matmul_avx2(x.float(), format, data, d, m)
+        return _block_matmul_avx2(x.float(), format, *_lists(weights))
     if kernel not in KERNELS:
         raise ValueError(f"kernel={kernel!r} is not a block kernel; use one of {', '.join(KERNELS)}")
     check(format)
-    k = data.shape[-1] * (2 if format != "q8_0" else 1)
-    if x.shape[-1] % BLOCK or x.shape[-1] != k:
-        raise ValueError(f"x (…, {x.shape[-1]}) and the {format} weight (…, {k}) need one k, a multiple of {BLOCK}")
-    if (format == "q4_1") != (m is not None):
-        raise ValueError(f"{format} takes {'its' if format == 'q4_1' else 'no'} block minima m")
+    if not 1 <= len(weights) <= 8:
+        raise ValueError(f"block_matmuls takes 1 to 8 weights, not {len(weights)}")
+    for data, _, m in weights:
+        k = data.shape[-1] * (2 if format != "q8_0" else 1)
+        if x.shape[-1] % BLOCK or x.shape[-1] != k:
+            raise ValueError(f"x (…, {x.shape[-1]}) and the {format} weight (…, {k}) need one k, a multiple of {BLOCK}")
+        if (format == "q4_1") != (m is not None):
+            raise ValueError(f"{format} takes {'its' if format == 'q4_1' else 'no'} block minima m")
     if kernel == "auto":
         kernel = _auto()
     if kernel == "reference":
-        return matmul_reference(x, format, data, d, m)
-    return _run_avx2(x.float(), format, data, d, m)  # a kernel that cannot run: its one-line error
+        if x.shape[0] >= DENSE_ROWS:
+            return F.linear(x.float(), torch.cat([dequantize(format, *weight) for weight in weights]))
+        return torch.cat([matmul_reference(x, format, *weight) for weight in weights], dim=-1)
+    return _run_avx2(x.float(), format, *_lists(weights))  # a kernel that cannot run: its one-line error
+
+
+def _lists(weights: Sequence[Weight]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """The weights' data, scales and (q4_1's, else none) minima, each as a list: the op's arguments."""
+    return [w[0] for w in weights], [w[1] for w in weights], [w[2] for w in weights if w[2] is not None]

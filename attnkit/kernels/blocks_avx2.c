@@ -11,8 +11,9 @@
  * (vpsignb), summed in pairs to int16 (vpmaddubsw: 127·127·2 < 2^15, no saturation), in pairs
  * to int32 (vpmaddwd), then to fp32 times the two scales (vfmadd). Q4_1's unsigned u meets a
  * directly, and its offset adds mn · d_a · Σa per block. Output rows are shared among OpenMP
- * threads (the process's libgomp, torch's: one team). Built by attnkit.kernels with -mavx2
- * -mfma -mf16c. */
+ * threads (the process's libgomp, torch's: one team). Several weights that meet one input go in
+ * one call; for many activation rows, attnkit_block_dequantize gives the fp32 weights for a
+ * dense product instead. Built by attnkit.kernels with -mavx2 -mfma -mf16c. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -101,45 +102,90 @@ static inline __attribute__((always_inline)) void dot_rows(int format, int rows,
     for (int t = 0; t < rows; t++) out[j + t] = hsum(acc[t]) + offset[t];
 }
 
+/* The products of one activation matrix with ``count`` weights, out (m, Σ n_i) = x · [w_0; w_1; …]ᵀ:
+ * q, k and v, or an FFN's gate and up, in one call, their rows shared among the threads as one
+ * list of groups of 4 (a layer's whole work in one OpenMP region, its activations quantised once). */
 static inline __attribute__((always_inline)) void matmul(int format, const int8_t *xq, const float *xd,
-                                                         const float *xs, const uint8_t *w, const uint16_t *wd,
-                                                         const uint16_t *wm, float *out, int64_t m, int64_t n,
-                                                         int64_t k) {
-    const int64_t groups = (n + 3) / 4, blocks = k / BLOCK;
+                                                         const float *xs, int count, const uint8_t *const *w,
+                                                         const uint16_t *const *wd, const uint16_t *const *wm,
+                                                         const int64_t *n, float *out, int64_t m, int64_t k) {
+    int64_t first[9] = {0}, column[9] = {0};  /* count <= 8: weight i's first group and first column */
+    for (int i = 0; i < count; i++) {
+        first[i + 1] = first[i] + (n[i] + 3) / 4;
+        column[i + 1] = column[i] + n[i];
+    }
+    const int64_t groups = first[count], blocks = k / BLOCK, width = column[count];
     #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < groups; g++) {
-        const int64_t j = 4 * g;
-        const int rows = n - j < 4 ? (int)(n - j) : 4;
+        int i = 0;
+        while (g >= first[i + 1]) i++;
+        const int64_t j = 4 * (g - first[i]);
+        const int rows = n[i] - j < 4 ? (int)(n[i] - j) : 4;
         for (int64_t r = 0; r < m; r++) {
             const int8_t *a = xq + r * k;
             const float *ad = xd + r * blocks, *as = xs + r * blocks;
+            float *row = out + r * width + column[i];
             if (rows == 4)
-                dot_rows(format, 4, w, wd, wm, a, ad, as, j, k, out + r * n);
+                dot_rows(format, 4, w[i], wd[i], wm[i], a, ad, as, j, k, row);
             else
-                dot_rows(format, rows, w, wd, wm, a, ad, as, j, k, out + r * n);
+                dot_rows(format, rows, w[i], wd[i], wm[i], a, ad, as, j, k, row);
         }
     }
 }
 
-/* out (m, n) = x (m, k) · wᵀ, w (n, k) in ``format``'s blocks (wm: Q4_1's minima, else unused).
- * Returns 0, 1 where k is not a multiple of 32, 2 without memory, 3 for an unknown format. */
-int attnkit_block_matmul(int format, const float *x, const uint8_t *w, const uint16_t *wd, const uint16_t *wm,
-                         float *out, int64_t m, int64_t n, int64_t k) {
+/* out (m, Σ n_i) = x (m, k) · [w_0; …; w_{count-1}]ᵀ, each w_i (n_i, k) in ``format``'s blocks
+ * (wm: Q4_1's minima, else unused), 1 <= count <= 8. Returns 0, 1 where k is not a multiple of
+ * 32, 2 without memory, 3 for an unknown format, 4 for a count out of range. */
+int attnkit_block_matmul(int format, const float *x, int count, const uint8_t *const *w, const uint16_t *const *wd,
+                         const uint16_t *const *wm, const int64_t *n, float *out, int64_t m, int64_t k) {
     if (k % BLOCK) return 1;
     if (format != Q8_0 && format != Q4_0 && format != Q4_1) return 3;
+    if (count < 1 || count > 8) return 4;
     int8_t *xq = aligned_alloc(64, (size_t)((m * k + 63) / 64 * 64));
     float *xd = malloc(sizeof(float) * (size_t)(m * (k / BLOCK) + 1));
     float *xs = malloc(sizeof(float) * (size_t)(m * (k / BLOCK) + 1));
     if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return 2; }
     quantize_blocks(x, m, k, xq, xd, xs);
     if (format == Q8_0)
-        matmul(Q8_0, xq, xd, xs, w, wd, wm, out, m, n, k);
+        matmul(Q8_0, xq, xd, xs, count, w, wd, wm, n, out, m, k);
     else if (format == Q4_0)
-        matmul(Q4_0, xq, xd, xs, w, wd, wm, out, m, n, k);
+        matmul(Q4_0, xq, xd, xs, count, w, wd, wm, n, out, m, k);
     else
-        matmul(Q4_1, xq, xd, xs, w, wd, wm, out, m, n, k);
+        matmul(Q4_1, xq, xd, xs, count, w, wd, wm, n, out, m, k);
     free(xq);
     free(xd);
     free(xs);
+    return 0;
+}
+
+/* out (Σ n_i, k) fp32 = the weights w_0; …; w_{count-1} (as attnkit_block_matmul's) dequantised,
+ * for products with many activation rows, where a dense fp32 product beats the integer dot
+ * products row by row. Returns as attnkit_block_matmul. */
+int attnkit_block_dequantize(int format, int count, const uint8_t *const *w, const uint16_t *const *wd,
+                             const uint16_t *const *wm, const int64_t *n, float *out, int64_t k) {
+    if (k % BLOCK) return 1;
+    if (format != Q8_0 && format != Q4_0 && format != Q4_1) return 3;
+    if (count < 1 || count > 8) return 4;
+    const int64_t blocks = k / BLOCK;
+    for (int i = 0; i < count; i++) {
+        const int64_t stride = format == Q8_0 ? k : k / 2;
+        #pragma omp parallel for schedule(static)
+        for (int64_t j = 0; j < n[i]; j++) {
+            for (int64_t b = 0; b < blocks; b++) {
+                const uint8_t *src = w[i] + j * stride + b * (format == Q8_0 ? BLOCK : BLOCK / 2);
+                const __m256 d = _mm256_set1_ps(half(wd[i][j * blocks + b]));
+                const __m256 mn = _mm256_set1_ps(format == Q4_1 ? half(wm[i][j * blocks + b]) : 0.0f);
+                __m256i values = format == Q8_0 ? _mm256_loadu_si256((const __m256i *)src) : nibbles(src);
+                if (format == Q4_0) values = _mm256_sub_epi8(values, _mm256_set1_epi8(8));
+                float *dst = out + j * k + b * BLOCK;
+                for (int q = 0; q < 4; q++) {  /* 8 values at a time: int8 -> int32 -> fp32 */
+                    const __m128i part = q < 2 ? _mm256_castsi256_si128(values) : _mm256_extracti128_si256(values, 1);
+                    const __m256i wide = _mm256_cvtepi8_epi32(q % 2 ? _mm_srli_si128(part, 8) : part);
+                    _mm256_storeu_ps(dst + 8 * q, _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide), d, mn));
+                }
+            }
+        }
+        out += n[i] * k;
+    }
     return 0;
 }

@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from attnkit.nn.cache import BeamKVCache, KVCache
 from attnkit.nn.masks import causal_mask
 from attnkit.nn.positional import RotaryEmbedding
+from attnkit.nn.quantized import products
 
 
 def _check_inputs(
@@ -366,13 +367,19 @@ class MultiHeadAttention(nn.Module):
                 "number of consecutive rows of x (its beams); pass as many memory rows as x rows or a divisor"
             )
         B, n, _ = x.shape
-        q = self._split(self.w_q(x), self.d_k)  # (B, n, d_model) -> (B, H, n, d_k)
-        if cache is not None and cache.static and cache.k is not None:
+        cross = cache is not None and cache.static  # cross-attention, memory passed at its first step only
+        if memory is None and not cross:  # self-attention: q, k and v of one input, one product where it can
+            q, k, v = products(x, (self.w_q, self.w_k, self.w_v))
+            k, v = self._split(k, self.d_k), self._split(v, self.d_v)  # (B, n, d_model) -> (B, H, n, d)
+        else:
+            q = self.w_q(x)
+        q = self._split(q, self.d_k)  # (B, n, d_model) -> (B, H, n, d_k)
+        if cross and cache.k is not None:
             k, v = cache.k, cache.v  # cross-attention: the memory's keys/values, computed once
         else:
-            source = x if memory is None else memory
-            k = self._split(self.w_k(source), self.d_k)  # (B, m, d_model) -> (B, H, m, d_k)
-            v = self._split(self.w_v(source), self.d_v)  # (B, m, d_model) -> (B, H, m, d_v)
+            if memory is not None:
+                k = self._split(self.w_k(memory), self.d_k)  # (B, m, d_model) -> (B, H, m, d_k)
+                v = self._split(self.w_v(memory), self.d_v)  # (B, m, d_model) -> (B, H, m, d_v)
             if self.rotary is not None and memory is None:
                 offset = len(cache) if cache is not None else 0
                 q, k = self.rotary(q, offset, positions), self.rotary(k, offset, positions)

@@ -7,6 +7,8 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.nn.quantized import products
+
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 
 ACTIVATIONS = {
@@ -49,7 +51,9 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = self.activation(self.w_1(x))  # (B, T, d_model) -> (B, T, d_ff)
-        if self.w_3 is not None:
-            hidden = hidden * self.w_3(x)
+        if self.w_3 is None:
+            hidden = self.activation(self.w_1(x))  # (B, T, d_model) -> (B, T, d_ff)
+        else:  # gate and up: one product of x where the layers allow (quantized.products)
+            gate, up = products(x, (self.w_1, self.w_3))
+            hidden = self.activation(gate) * up
         return self.w_2(self.dropout(hidden))  # (B, T, d_ff) -> (B, T, d_model)

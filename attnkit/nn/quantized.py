@@ -5,6 +5,8 @@ dtypes whatever the model is cast to."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -127,6 +129,20 @@ class BlockLinear(Quantized):
         flat = self._inputs(x).float()
         out = kernels.block_matmul(flat, self.layout, self.blocks, self.block_scales, self.block_mins)
         return self._finish(out.to(x.dtype), x)
+
+
+def products(x: Tensor, layers: Sequence[nn.Module]) -> list[Tensor]:
+    """Each of ``layers`` applied to one input ``x`` (attention's w_q, w_k, w_v; a gated FFN's w_1,
+    w_3). Where all are :class:`BlockLinear` of one layout, one kernel call computes them all
+    (:func:`attnkit.kernels.block_matmuls`): at batch 1 a product of a small matrix costs more in
+    its call than in its arithmetic. Any other layers are called one by one."""
+    first = layers[0]
+    if not all(type(layer) is BlockLinear and layer.layout == first.layout for layer in layers):
+        return [layer(x) for layer in layers]
+    weights = [(layer.blocks, layer.block_scales, layer.block_mins) for layer in layers]
+    out = kernels.block_matmuls(first._inputs(x).float(), first.layout, weights).to(x.dtype)
+    parts = out.split([layer.out_features for layer in layers], dim=-1)  # (N, Σ n_i) -> (N, n_i) each
+    return [layer._finish(part, x) for layer, part in zip(layers, parts, strict=True)]
 
 
 def shell(layout: str, in_features: int, out_features: int, bias: bool) -> Quantized:

@@ -32,7 +32,7 @@ def operands(fmt: str, m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Ten
 
 @needs_avx2
 @pytest.mark.parametrize("fmt", kernels.FORMATS)
-@pytest.mark.parametrize("m", [1, 8])
+@pytest.mark.parametrize("m", [1, 8, kernels.DENSE_ROWS + 3])
 @pytest.mark.parametrize(("n", "k"), [(37, 50), (129, 100), (5, 32), (300, 777)])
 def test_the_avx2_kernel_equals_the_reference(fmt: str, m: int, n: int, k: int) -> None:
     x, weight, _ = operands(fmt, m, n, k)
@@ -41,6 +41,30 @@ def test_the_avx2_kernel_equals_the_reference(fmt: str, m: int, n: int, k: int) 
     assert got.shape == (m, n) and got.dtype == torch.float32
     assert_close(got, expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
     assert_close(kernels.block_matmul(x, fmt, *weight), expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", [pytest.param("avx2", marks=needs_avx2), "reference"])
+@pytest.mark.parametrize("fmt", kernels.FORMATS)
+@pytest.mark.parametrize("m", [1, 8])
+def test_several_weights_in_one_call_equal_each_alone(kernel: str, fmt: str, m: int) -> None:
+    # q, k and v of unequal widths (grouped-query attention), none a multiple of the 4 rows a group takes
+    x, first, _ = operands(fmt, m, 37, 100, seed=1)
+    weights = [first, operands(fmt, m, 9, 100, seed=2)[1], operands(fmt, m, 130, 100, seed=3)[1]]
+    got = kernels.block_matmuls(x, fmt, weights, kernel=kernel)
+    assert got.shape == (m, 37 + 9 + 130)
+    alone = torch.cat([kernels.block_matmul(x, fmt, *weight, kernel=kernel) for weight in weights], dim=-1)
+    assert_close(got, alone, atol=1e-5 * alone.abs().max().item(), rtol=1e-5)
+    with pytest.raises(ValueError, match="block_matmuls takes 1 to 8 weights, not 9"):
+        kernels.block_matmuls(x, fmt, weights * 3, kernel=kernel)
+
+
+@pytest.mark.parametrize("kernel", [pytest.param("avx2", marks=needs_avx2), "reference"])
+@pytest.mark.parametrize("fmt", kernels.FORMATS)
+def test_many_rows_meet_the_dequantised_weight_unquantised(kernel: str, fmt: str) -> None:
+    x, weight, _ = operands(fmt, kernels.DENSE_ROWS, 37, 100)
+    expected = x.double() @ blocks.dequantize(fmt, *weight).double().T
+    got = kernels.block_matmul(x, fmt, *weight, kernel=kernel).double()
+    assert_close(got, expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
 
 
 @pytest.mark.parametrize("fmt", kernels.FORMATS)

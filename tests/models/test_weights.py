@@ -19,7 +19,7 @@ from attnkit import kernels
 from attnkit.models import build_model, weights
 from attnkit.models.io import CONFIG, WEIGHTS, read_safetensors, write_directory
 from attnkit.models.weights import to_format
-from attnkit.nn.quantized import BlockLinear, Int8Linear, layouts, quantize_rows
+from attnkit.nn.quantized import BlockLinear, Int8Linear, layouts, products, quantize_rows
 
 FAMILIES = ["gpt-tiny", "llama-tiny", "bert-tiny", "t5-tiny", "transformer-tiny"]
 # Stated tolerance: |logits - fp32 logits| <= TOLERANCE[format] * max|fp32 logits|, elementwise.
@@ -85,6 +85,24 @@ def test_a_quantised_layer_equals_the_dequantised_product(layout: str) -> None:
         exact = kernels.matmul_reference(flat, layout, layer.blocks, layer.block_scales, layer.block_mins)
         exact = exact + linear.bias.detach()
         assert_close(got.reshape(-1, 40), exact, atol=1e-5 * exact.abs().max().item(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout", kernels.FORMATS)
+def test_products_of_one_input_take_one_kernel_call(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 50)
+    linears = [torch.nn.Linear(50, n, bias=bias) for n, bias in ((40, True), (9, False), (70, True))]
+    layers = [BlockLinear.of(linear.weight, layout, linear.bias) for linear in linears]
+    alone = [layer(x) for layer in layers]
+    calls, real = [], kernels.block_matmuls
+    monkeypatch.setattr(kernels, "block_matmuls", lambda *args: calls.append(args) or real(*args))
+    together = products(x, layers)
+    assert len(calls) == 1 and [t.shape for t in together] == [(2, 3, 40), (2, 3, 9), (2, 3, 70)]
+    for got, expected in zip(together, alone, strict=True):
+        assert_close(got, expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
+    mixed = [layers[0], linears[1]]  # a layer that is not of blocks: each called alone
+    assert_close(products(x, mixed)[1], linears[1](x))
+    assert len(calls) == 2  # the block layer's own call
 
 
 def model_dir(tmp_path: Path, name: str) -> Path:

@@ -1,0 +1,52 @@
+"""The block kernel against fp32 ``F.linear``, per product (issue: quantised decoding on every
+CPU): at each number of activation rows, the integer dot products (attnkit's AVX2 kernel) and the
+dense path (the blocks dequantised, then one fp32 product), on the shapes of SmolLM2-135M and
+the demo translator. Where the dense path overtakes the integer one is ``kernels.DENSE_ROWS``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attnkit import kernels
+from benchmarks.common import Comparison, compare
+
+SHAPES = {"SmolLM2 q": (576, 576), "SmolLM2 gate": (1536, 576), "SmolLM2 down": (576, 1536), "Marian FFN": (2048, 512)}
+CALLS = 50  # products per timing: one takes microseconds
+
+
+def _products(x: torch.Tensor, fmt: str, blocks: tuple, dense_rows: int) -> None:
+    kernels.DENSE_ROWS, saved = dense_rows, kernels.DENSE_ROWS
+    try:
+        for _ in range(CALLS):
+            kernels.block_matmul(x, fmt, *blocks, kernel="avx2")
+    finally:
+        kernels.DENSE_ROWS = saved
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor) -> None:
+    for _ in range(CALLS):
+        F.linear(x, w)
+
+
+def run(repeats: int = 7, small: bool = False, fmt: str = "q4_1") -> list[Comparison]:
+    if not kernels.available("avx2"):
+        return []
+    results = []
+    shapes = dict(list(SHAPES.items())[:1]) if small else SHAPES
+    for name, (n, k) in shapes.items():
+        torch.manual_seed(0)
+        w = torch.randn(n, k) / k**0.5
+        blocks = kernels.quantize(w, fmt)
+        for rows in (1, 4) if small else (1, 2, 4, 8, 16, 32, 128):
+            x = torch.randn(rows, k)
+            for path, dense_rows in (("integer", rows + 1), ("dense", 1)):
+                results.append(
+                    compare(
+                        f"{name} {n}×{k} {fmt}, {rows} rows, {path}",
+                        lambda x=x, b=blocks, d=dense_rows: _products(x, fmt, b, d),
+                        lambda x=x, w=w: _linear(x, w),
+                        work=CALLS * rows, unit="rows", peer_name="fp32 F.linear", repeats=repeats,
+                    )
+                )  # fmt: skip
+    return results
