@@ -72,4 +72,6 @@ def learning_rate(step: int, cfg: TrainConfig, d_model: int, horizon: int | None
     if cfg.schedule.startswith("budget-"):
         total = cfg.max_steps if horizon is None else horizon
         return warmup_decay(step, cfg.lr, cfg.warmup, total, cfg.min_lr_ratio, cfg.schedule.removeprefix("budget-"))
+    if cfg.schedule == "warmup-constant":
+        return cfg.lr * min(1.0, max(step, 1) / max(cfg.warmup, 1))
     return cfg.lr

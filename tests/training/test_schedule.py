@@ -47,6 +47,9 @@ def test_learning_rate_follows_the_config() -> None:
         2.0 * 64**-0.5 * 10 * 40**-1.5
     )
     assert learning_rate(10, TrainConfig(schedule="constant", lr=3e-4), 64) == 3e-4
+    warm = TrainConfig(schedule="warmup-constant", lr=3e-4, warmup=40)  # no time budget needed
+    assert [learning_rate(s, warm, 64) for s in (0, 10, 40, 41, 10**6)] == pytest.approx([7.5e-6, 7.5e-5, *[3e-4] * 3])
+    assert learning_rate(1, TrainConfig(schedule="warmup-constant", lr=3e-4, warmup=0), 64) == 3e-4
     cfg = TrainConfig(schedule="cosine", lr=1e-3, warmup=0, max_steps=100, min_lr_ratio=0.0)
     assert learning_rate(100, cfg, 64) == pytest.approx(0.0, abs=1e-15)
     assert learning_rate(50, cfg, 64) == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
