@@ -104,7 +104,7 @@ class Int8Linear(Quantized):
 
 class BlockLinear(Quantized):
     """Weights in llama.cpp's blocks of 32 (``layout``: q8_0, q4_0 or q4_1; :mod:`attnkit.kernels.blocks`)
-    times fp32 activations through :func:`attnkit.kernels.block_matmul`."""
+    times fp32 activations through :func:`attnkit.kernels.block_matmuls` (:func:`products` of one layer)."""
 
     def __init__(self, in_features: int, out_features: int, layout: str, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias)
@@ -126,9 +126,7 @@ class BlockLinear(Quantized):
         return layer._with_bias(bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        flat = self._inputs(x).float()
-        out = kernels.block_matmul(flat, self.layout, self.blocks, self.block_scales, self.block_mins)
-        return self._finish(out.to(x.dtype), x)
+        return products(x, (self,))[0]
 
 
 def products(x: Tensor, layers: Sequence[nn.Module]) -> list[Tensor]:
