@@ -185,8 +185,9 @@ def inductor_cache_per_capability() -> str | None:
     its compiled graphs on that variable, and a graph compiled under ``avx2`` and reloaded by a
     process without it corrupted the heap here (``malloc(): unaligned tcache chunk detected``,
     torch 2.13; a fresh cache compiled the same graph cleanly). A cache directory the user chose
-    (``TORCHINDUCTOR_CACHE_DIR`` other than inductor's default) is left as it is. Returns the
-    directory set, or None."""
+    (``TORCHINDUCTOR_CACHE_DIR`` other than inductor's default) is left as it is. Called before
+    each of attnkit's compiles (the decoding step, ``train.compile``). Returns the directory set,
+    or None."""
     capability = os.environ.get("ATEN_CPU_CAPABILITY")
     if not capability:
         return None

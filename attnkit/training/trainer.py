@@ -33,6 +33,7 @@ from torch import nn
 
 from attnkit.config import RunConfig
 from attnkit.data.batching import StepIterator
+from attnkit.machine import inductor_cache_per_capability
 from attnkit.objectives.base import IGNORE_INDEX, LossOutput, Objective
 from attnkit.training import distributed
 from attnkit.training.checkpoint import checkpoint_dir, save_checkpoint
@@ -193,6 +194,7 @@ class Trainer:
             if untrained and world.is_main:
                 log.info("not reached by the %s loss, so frozen under DDP: %s", objective.name, ", ".join(untrained))
         if run.train.compile:
+            inductor_cache_per_capability()
             model.compile()  # in place: parameter names, checkpoints and the optimiser are unchanged
         self.model = distributed.wrap(model, world, run.train.distributed)
         self.optimizer = make_optimizer(self.model, run)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from test_run import tiny_run, train_losses, weights
 
+from attnkit.training import trainer
 from attnkit.training.run import train
 
 
@@ -28,3 +29,16 @@ def test_compiled_training_matches_eager(tmp_path: Path, corpus: Path) -> None:
         torch.testing.assert_close(compiled[name], eager[name], rtol=1e-3, atol=1e-4)
     records = [json.loads(line) for line in (tmp_path / "compiled" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "compile_seconds" in r] == [1]
+
+
+def test_compiled_training_keeps_inductors_cache_apart_per_forced_capability(
+    tmp_path: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before the model compiles, as the decoding step does (attnkit.machine.inductor_cache_per_capability);
+    # the compile itself is recorded, not run (test_compiled_training_matches_eager runs it).
+    calls: list[str] = []
+    monkeypatch.setattr(trainer, "inductor_cache_per_capability", lambda: calls.append("cache"))
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: calls.append("compile"))
+    run = tiny_run(corpus, **{"train.max_steps": "1", "train.compile": "true"})
+    train(run, tmp_path / "run", progress_bar=False)
+    assert calls == ["cache", "compile"]
