@@ -110,12 +110,13 @@ def decoding_options(args: argparse.Namespace, model: Model, fallback: dict[str,
             f"--compile compiles the one-path step (greedy or sampling); beam search (--num-beams "
             f"{effective['num_beams']}) runs eagerly: add --num-beams 1 or drop --compile"
         )
-    check_no_repeat_ngram_size(args.no_repeat_ngram_size)
+    check_no_repeat_ngram_size(args)
     for flag, value in [("--eos-id", args.eos_id), ("--pad-id", args.pad_id)]:
         if value is not None and not 0 <= value < model.config.vocab_size:
             raise ValueError(f"{flag} must be a token id in [0, {model.config.vocab_size}), got {value}")
     return dict(
         **options,
+        **no_repeat_options(args),
         do_sample=args.do_sample,
         temperature=1.0 if args.temperature is None else args.temperature,
         top_k=args.top_k,
@@ -194,15 +195,28 @@ def require(*packages: str) -> None:
         importlib.import_module(package)
 
 
-def check_no_repeat_ngram_size(value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ValueError(f"--no-repeat-ngram-size must be >= 1, got {value} (3 is usual)")
+def check_no_repeat_ngram_size(args: argparse.Namespace) -> None:
+    if args.no_repeat_ngram_size is not None and args.no_repeat_ngram_size < 1:
+        raise ValueError(f"--no-repeat-ngram-size must be >= 1, got {args.no_repeat_ngram_size} (3 is usual)")
+    if args.no_repeat_ngram_unit is not None and args.no_repeat_ngram_size is None:
+        raise ValueError("--no-repeat-ngram-unit is the unit of --no-repeat-ngram-size; add --no-repeat-ngram-size N")
 
 
 def add_no_repeat_ngram_flag(group: argparse._ActionsContainer) -> None:
     group.add_argument(
         "--no-repeat-ngram-size", metavar="N", type=int, help="never output the same N-gram twice (default: off)"
     )
+    group.add_argument(
+        "--no-repeat-ngram-unit",
+        choices=["token", "word"],
+        help="what the N-grams of --no-repeat-ngram-size are made of: token ids (the default, as transformers) "
+        "or the text's words (also catches a repeat spelt by other tokens)",
+    )
+
+
+def no_repeat_options(args: argparse.Namespace) -> dict[str, object]:
+    """The unit flag as a ``generate`` option (the size is one of :data:`FILE_DEFAULTED`)."""
+    return {} if args.no_repeat_ngram_unit is None else {"no_repeat_ngram_unit": args.no_repeat_ngram_unit}
 
 
 MODEL_DIR = "model directory (attnkit's or Hugging Face's)"

@@ -11,6 +11,7 @@ from attnkit.cli.common import (
     add_no_repeat_ngram_flag,
     add_weights_flag,
     check_no_repeat_ngram_size,
+    no_repeat_options,
     held_out,
     require,
     saved_run,
@@ -52,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
         require("sacrebleu")
         if args.num_beams < 1:
             raise ValueError(f"--num-beams must be >= 1, got {args.num_beams} (1 = greedy)")
-        check_no_repeat_ngram_size(args.no_repeat_ngram_size)
+        check_no_repeat_ngram_size(args)
         options = {"num_beams": args.num_beams, "no_repeat_ngram_size": args.no_repeat_ngram_size}
+        options.update(no_repeat_options(args))
         if args.num_beams > 1:
             options.update(length_penalty=args.length_penalty, length_penalty_style="gnmt")
         scores = score_translations(model, model.tokenizer, pairs, saved.data.max_tokens, **options)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
@@ -14,8 +14,11 @@ from attnkit.config import ModelConfig
 from attnkit.generation.constraints import bad_words, chain, forced
 from attnkit.generation.greedy import decode_one_path, filter_logits, sampler
 from attnkit.generation.incremental import IncrementalModel
-from attnkit.generation.ngrams import no_repeat_ngram
+from attnkit.generation.ngrams import no_repeat_ngram, no_repeat_word_ngram, words_of
 from attnkit.models.core import Model, check_ids
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 __all__ = ["IncrementalModel", "filter_logits", "generate"]
 
@@ -51,6 +54,8 @@ def _validate(
     eos_token_id: int | None,
     pad_token_id: int | None,
     no_repeat_ngram_size: int | None,
+    no_repeat_ngram_unit: str,
+    tokenizer: Tokenizer | None,
 ) -> None:
     cfg = model.config
     if cfg.family == "bert":
@@ -82,6 +87,15 @@ def _validate(
     ):
         raise ValueError(
             f"no_repeat_ngram_size must be an integer >= 1 or None, got {no_repeat_ngram_size!r} (3 is usual)"
+        )
+    if no_repeat_ngram_unit not in ("token", "word"):
+        raise ValueError(f"no_repeat_ngram_unit must be 'token' or 'word', got {no_repeat_ngram_unit!r}")
+    if no_repeat_ngram_unit == "word" and no_repeat_ngram_size is None:
+        raise ValueError("no_repeat_ngram_unit='word' is the unit of no_repeat_ngram_size, which is not set; set both")
+    if no_repeat_ngram_unit == "word" and tokenizer is None:
+        raise ValueError(
+            "no_repeat_ngram_unit='word' reads words with a tokenizer and this model has none; pass tokenizer= or "
+            "set model.tokenizer (from_pretrained does, from the directory's tokenizer.json), or use 'token'"
         )
     if source_length_offset is not None and not cfg.is_encoder_decoder:
         raise ValueError("source_length_offset bounds a translation by its source; it needs an encoder-decoder")
@@ -123,6 +137,8 @@ def generate(
     seed: int | None = None,
     source_length_offset: int | None = None,
     no_repeat_ngram_size: int | None = None,
+    no_repeat_ngram_unit: Literal["token", "word"] = "token",
+    tokenizer: Tokenizer | None = None,
     max_length: int | None = None,
     forced_bos_token_id: int | None = None,
     forced_eos_token_id: int | None = None,
@@ -141,7 +157,11 @@ def generate(
     ``pad_token_id``; ``source_length_offset`` caps each translation at its source length +
     the offset. Decoder-only prompts may be left-padded (``attention_mask`` 0 on the left).
     ``no_repeat_ngram_size`` = n forbids any n-gram to occur twice in a row's sequence (prompt
-    or start token included, as in ``transformers``), in every decoding mode.
+    or start token included, as in ``transformers``), in every decoding mode; with
+    ``no_repeat_ngram_unit="word"`` the n-grams are of the text's whitespace-separated words,
+    read off ``tokenizer`` (default: ``model.tokenizer``, as :func:`attnkit.from_pretrained`
+    sets it; :func:`attnkit.generation.ngrams.no_repeat_word_ngram`), which also catches a
+    repeat spelt by other pieces.
 
     The options of a checkpoint's ``generation_config.json`` come in through
     :meth:`Model.generate`: ``max_length`` (prompt + continuation, or the decoder sequence with
@@ -156,12 +176,13 @@ def generate(
     (seconds to a minute, logged), later ones reuse it.
     """
     cfg = model.config
+    tokenizer = getattr(model, "tokenizer", None) if tokenizer is None else tokenizer
     max_new_tokens = _new_tokens(cfg, input_ids, max_new_tokens, max_length)
     ends = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
     _validate(
         model, input_ids, attention_mask, max_new_tokens, num_beams, length_penalty, length_penalty_style, do_sample,
         temperature, top_k, top_p, source_length_offset, ends[0] if ends else None, pad_token_id,
-        no_repeat_ngram_size,
+        no_repeat_ngram_size, no_repeat_ngram_unit, tokenizer,
     )  # fmt: skip
     words = [("bad_words_ids", i) for word in bad_words_ids or [] for i in word]
     ids = [("forced_bos_token_id", forced_bos_token_id), ("forced_eos_token_id", forced_eos_token_id)]
@@ -190,7 +211,11 @@ def generate(
     # In transformers' order: n-grams, bad words, forced first token, forced last token.
     constraints = []
     if no_repeat_ngram_size is not None:  # n-grams over what the decoder reads: the prompt or the start token
-        constraints.append(no_repeat_ngram(no_repeat_ngram_size))
+        constraints.append(
+            no_repeat_ngram(no_repeat_ngram_size)
+            if no_repeat_ngram_unit == "token"
+            else no_repeat_word_ngram(no_repeat_ngram_size, words_of(tokenizer, cfg.vocab_size))
+        )
     if bad_words_ids:
         constraints.append(bad_words(bad_words_ids))
     read_before = incremental.prompt.shape[1]

@@ -1,13 +1,20 @@
 """A decoding constraint: no n-gram twice in one output (``no_repeat_ngram_size``, as in
 ``transformers``' ``NoRepeatNGramLogitsProcessor`` and fairseq), the usual cure for the loops
-that an under-trained translator falls into ("Voici, j'ai dit: Voici, j'ai dit: ...")."""
+that an under-trained translator falls into ("Voici, j'ai dit: Voici, j'ai dit: ..."): over
+token ids, as ``transformers`` counts, or over the words of the text
+(``no_repeat_ngram_unit="word"``), as a reader counts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 # (next-token scores (N, V), what each row has read so far (N, L): the prompt or start token
 # and the new tokens) -> the scores to choose from
@@ -42,5 +49,115 @@ def no_repeat_ngram(n: int) -> Constraint:
 
     def constrain(scores: Tensor, sequences: Tensor) -> Tensor:
         return scores.masked_fill(repeated_ngram_bans(sequences, n, scores.shape[-1]), float("-inf"))
+
+    return constrain
+
+
+# The marks a tokenizer's pieces carry where a word begins: byte-level BPE's space, newline,
+# tab and carriage return (GPT-2's "Ġ", "Ċ", "ĉ", "č") and SentencePiece's "▁".
+WORD_MARKS = "ĠĊĉč▁"
+
+
+@dataclass(frozen=True)
+class Words:
+    """How a tokenizer's pieces make whitespace-separated words, per token id.
+
+    ``text[i]``: token i's piece without its leading word marks; ``starts[i]``: it begins a word;
+    ``special[i]``: an added token (start, end, padding), which ends a word and is in none;
+    ``boundary`` (V,) bool: the tokens that end the word before them, word starts and specials.
+    """
+
+    text: tuple[str, ...]
+    starts: tuple[bool, ...]
+    special: tuple[bool, ...]
+    boundary: Tensor
+
+
+# Words read per tokenizer and vocabulary size; the tokenizer is kept so that its id is not reused.
+_WORDS: dict[tuple[int, int], tuple[Tokenizer, Words]] = {}
+
+
+def words_of(tokenizer: Tokenizer, vocab_size: int) -> Words:
+    """Read :class:`Words` off ``tokenizer``'s pieces for a model of ``vocab_size`` ids (ids the
+    tokenizer does not have count as specials), once per tokenizer. A word-level tokenizer's
+    every token is a word; one whose pieces mark no word start (WordPiece's ``##`` marks
+    continuations instead) is refused."""
+    key = (id(tokenizer), vocab_size)
+    if key not in _WORDS:
+        _WORDS[key] = (tokenizer, _read_words(tokenizer, vocab_size))
+    return _WORDS[key][1]
+
+
+def _read_words(tokenizer: Tokenizer, vocab_size: int) -> Words:
+    from tokenizers import models
+
+    added = set(tokenizer.get_added_tokens_decoder())
+    pieces = [tokenizer.id_to_token(i) for i in range(vocab_size)]
+    special = tuple(p is None or i in added for i, p in enumerate(pieces))
+    whole = isinstance(tokenizer.model, models.WordLevel)  # every token a word
+    starts = tuple(not s and (whole or p[:1] in WORD_MARKS) for p, s in zip(pieces, special, strict=True))
+    if not any(starts):
+        raise ValueError(
+            "no_repeat_ngram_unit='word' finds words by the pieces' word marks ('Ġ' or '▁'), and this tokenizer's "
+            "pieces have none; use no_repeat_ngram_unit='token'"
+        )
+    text = tuple("" if s else p.lstrip(WORD_MARKS) for p, s in zip(pieces, special, strict=True))
+    boundary = torch.tensor([a or b for a, b in zip(starts, special, strict=True)])
+    return Words(text, starts, special, boundary)
+
+
+def split_words(row: Sequence[int], words: Words) -> list[str]:
+    """The words of token ids ``row``, the last one possibly unfinished (and then possibly
+    empty): a word begins at a marked piece, or at the first piece after a special token or
+    the row's start; whitespace alone (" " then " b") makes no word. These are the
+    whitespace-separated words of the decoded text, except where a piece holds whitespace
+    after its first character (GPT-2's ".\n"), which is not read as a word's end."""
+    out: list[str] = []
+    open_word = False
+    for token in row:
+        if words.special[token]:
+            open_word = False
+        elif words.starts[token] or not open_word:
+            if out and out[-1] == "":
+                out[-1] = words.text[token]
+            else:
+                out.append(words.text[token])
+            open_word = True
+        else:
+            out[-1] += words.text[token]
+    return out
+
+
+def completes_a_repeat(row_words: Sequence[str], n: int) -> bool:
+    """Whether ending the last word of ``row_words`` here makes its last n words an n-gram
+    that occurs earlier among them."""
+    last = tuple(row_words[-n:])
+    return len(row_words) > n and any(tuple(row_words[i : i + n]) == last for i in range(len(row_words) - n))
+
+
+def no_repeat_word_ngram(n: int, words: Words) -> Constraint:
+    """The constraint that no n-gram of *words* occurs twice in a row's text, as the count of
+    outputs that loop reads it (whitespace-separated words,
+    :func:`attnkit.training.report.repeats_a_trigram`). Token n-grams miss a repeat whose words
+    are spelt by other pieces: a text's first word has no word mark ("Et le roi" then
+    " Et le roi"), and a word may be spelt by several pieces. A row whose unfinished last word
+    would complete a repeated n-gram may not end that word: every piece that starts a new word,
+    and every special token (the end token included), is banned; it may still lengthen the
+    word into another one. A row cut short by the length cap, not by a banned token, can end
+    on a repeat."""
+    if n < 1:
+        raise ValueError(f"no_repeat_ngram_size must be >= 1, got {n}")
+
+    def constrain(scores: Tensor, sequences: Tensor) -> Tensor:
+        rows = [
+            r
+            for r, row in enumerate(sequences.tolist())
+            if not words.special[row[-1]] and completes_a_repeat(split_words(row, words), n)
+        ]  # a row that ends on a special token has no unfinished word
+        if not rows:
+            return scores
+        scores = scores.clone()
+        scores[rows] = scores[rows].masked_fill(words.boundary.to(scores.device), float("-inf"))
+        return scores
 
     return constrain

@@ -243,6 +243,16 @@ def test_generate_with_beams(gpt_dir: Path, capsys: pytest.CaptureFixture) -> No
     assert output_lines(capsys, argv) == reference_generate(model, prompts, 16, **options)
 
 
+def test_translate_passes_the_word_unit(mt_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    model = attnkit.from_pretrained(mt_dir)
+    sources = ["the cat sat on the mat", "der hund lief im park"]
+    options = dict(num_beams=2, length_penalty=0.6, max_new_tokens=12, source_length_offset=50)
+    words = dict(no_repeat_ngram_size=2, no_repeat_ngram_unit="word")
+    argv = ["translate", "--model", str(mt_dir), "--num-beams", "2", "--max-new-tokens", "12"]
+    argv += ["--no-repeat-ngram-size", "2", "--no-repeat-ngram-unit", "word", *sources]
+    assert output_lines(capsys, argv) == reference_translate(model, sources, 16, **options, **words)
+
+
 GREEDY = ["--num-beams", "1", "--max-new-tokens", "12"]
 GREEDY_OPTIONS = dict(num_beams=1, length_penalty=0.6, max_new_tokens=12, source_length_offset=50)
 
@@ -398,6 +408,7 @@ def test_wrong_family_points_at_the_right_command(bare_dirs: dict[str, Path], ca
         (["--do-sample", "--num-beams", "2"], "use --num-beams 1 (got 2)"),
         (["--eos-id", "1000"], "--eos-id must be a token id in [0, 30), got 1000"),
         (["--ids", "1 two 3"], "--ids takes space-separated integer token ids, got '1 two 3'"),
+        (["--no-repeat-ngram-unit", "word"], "--no-repeat-ngram-unit is the unit of --no-repeat-ngram-size"),
     ],
 )
 def test_bad_flags_are_one_line(
