@@ -11,8 +11,8 @@ from attnkit.cli.common import (
     add_no_repeat_ngram_flag,
     add_weights_flag,
     check_no_repeat_ngram_size,
-    no_repeat_options,
     held_out,
+    no_repeat_options,
     require,
     saved_run,
 )

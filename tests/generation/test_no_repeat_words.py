@@ -75,7 +75,7 @@ def test_wordpiece_pieces_are_refused() -> None:
     from tokenizers import models
 
     wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, "cat": 1, "##s": 2}, unk_token="[UNK]"))
-    with pytest.raises(ValueError, match="word marks .* use no_repeat_ngram_unit='token'"):
+    with pytest.raises(ValueError, match=r"word marks .* use no_repeat_ngram_unit='token'"):
         words_of(wordpiece, 3)
 
 
@@ -91,7 +91,9 @@ def small_choice_model(
         size = tokenizer.get_vocab_size()
         model = wide_model(name, seed, vocab_size=size)
         model.tokenizer = tokenizer
-        keep = {i for w in ("the", " the", " cat", " sat", " on", " mat", " c", " s", "at") for i in tokenizer.encode(w).ids}
+        keep = {
+            i for w in ("the", " the", " cat", " sat", " on", " mat", " c", " s", "at") for i in tokenizer.encode(w).ids
+        }
         keep.add(model.config.eos_token_id)
         return model, [[i] for i in range(size) if i not in keep]
 
@@ -140,8 +142,8 @@ def test_bad_word_options_are_refused(
     ids = torch.tensor([[5, 6, 7]])
     with pytest.raises(ValueError, match="no_repeat_ngram_unit must be 'token' or 'word', got 'words'"):
         model.generate(ids, no_repeat_ngram_size=3, no_repeat_ngram_unit="words")
-    with pytest.raises(ValueError, match="no_repeat_ngram_size, which is not set; set both"):
+    with pytest.raises(ValueError, match=r"no_repeat_ngram_size, which is not set; set both"):
         model.generate(ids, no_repeat_ngram_unit="word")
     del model.tokenizer
-    with pytest.raises(ValueError, match="pass tokenizer= or set model.tokenizer"):
+    with pytest.raises(ValueError, match=r"pass tokenizer= or set model\.tokenizer"):
         model.generate(ids, no_repeat_ngram_size=3, no_repeat_ngram_unit="word")
