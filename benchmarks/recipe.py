@@ -29,7 +29,7 @@ from typing import Any
 
 from attnkit.config import apply_overrides, run_preset
 from attnkit.training.fit import FIT_TABLES
-from attnkit.training.report import by_task, new_repeats, repeats_a_trigram
+from attnkit.training.report import TUNED_BEAM, by_task, new_repeats, repeats_a_trigram
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -159,7 +159,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     from attnkit import from_pretrained
     from attnkit.data.prepare import read_texts
     from attnkit.training.evaluate import BEAM
-    from attnkit.training.report import TUNED_BEAM, score_translations
+    from attnkit.training.report import score_translations
     from attnkit.training.run import train
 
     run = apply_overrides(run_preset(spec["preset"]), spec["overrides"])
@@ -360,6 +360,7 @@ DECODINGS: list[tuple[str, dict[str, Any]]] = [
         for alpha in (0.6, 1.0)
         for n in (None, 3)
     ),
+    ("beam 4, α=1.0, no 3-gram of words twice (the tuned beam)", {**TUNED_BEAM}),
 ]  # fmt: skip
 
 
@@ -410,7 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     parser.add_argument("--split", choices=["valid", "test"], default="valid", help="scored split (default valid)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
-    parser.add_argument("--tuned", action="store_true", help="also score the demo's beam (α=1.0, no 3-gram twice)")
+    parser.add_argument(
+        "--tuned", action="store_true", help="also score the demo's beam (α=1.0, no 3-gram of words twice)"
+    )
     parser.add_argument("--sentences", type=int, metavar="N", help="score the split's first N pairs only (default all)")
     parser.add_argument("--decoding", type=Path, metavar="RUN", help="score a trained run's decoding settings instead")
     args = parser.parse_args(argv)

@@ -34,8 +34,11 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_training_reports_bleu_samples_and_figure(run_dir: tuple[Path, str]) -> None:
     out, stdout = run_dir
     assert "sacreBLEU nrefs:1|case:mixed|eff:no|tok:13a" in stdout
-    assert "  greedy                           BLEU" in stdout and "  beam 4, α=0.6                    BLEU" in stdout
-    assert "  beam 4, α=1.0, no 3-gram twice   BLEU" in stdout
+    assert (
+        "  greedy                               BLEU" in stdout
+        and "  beam 4, α=0.6                        BLEU" in stdout
+    )
+    assert "  beam 4, α=1.0, no word 3-gram twice  BLEU" in stdout
     assert stdout.count("  reference: ") == 5
     figure = out / "alignment.png"
     assert figure.exists() and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

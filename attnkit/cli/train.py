@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         print_translation_report(args.out, saved)
     print(f"run directory: {args.out}  (total time {time.perf_counter() - start:.0f} s)")
     if saved.objective == "translation":
-        decoding = "--length-penalty 1 --no-repeat-ngram-size 3"  # the report's tuned beam
+        decoding = "--length-penalty 1 --no-repeat-ngram-size 3 --no-repeat-ngram-unit word"  # the tuned beam
         print(f'use it: attnkit translate --model {args.out} {decoding} "Blessed are the meek"')
     else:
         print(f"use it: attnkit.from_pretrained({str(args.out)!r}); continue training with --resume")
@@ -207,9 +207,12 @@ def print_translation_report(run_dir: str, run: RunConfig, split: str = "test") 
     pairs = held_out(run, split)
     report = translation_report(model, model.tokenizer, pairs, run.data.max_tokens, Path(run_dir) / "alignment.png")
     print(f"held-out {split} ({report.sentences} sentences), sacreBLEU {report.greedy.signature}:")
-    print(f"  greedy                           BLEU {report.greedy.bleu:5.2f}  chrF {report.greedy.chrf:5.2f}")
-    print(f"  beam 4, α=0.6                    BLEU {report.beam.bleu:5.2f}  chrF {report.beam.chrf:5.2f}")
-    print(f"  beam 4, α=1.0, no 3-gram twice   BLEU {report.tuned.bleu:5.2f}  chrF {report.tuned.chrf:5.2f}")
+    for label, scores in [
+        ("greedy", report.greedy),
+        ("beam 4, α=0.6", report.beam),
+        ("beam 4, α=1.0, no word 3-gram twice", report.tuned),
+    ]:
+        print(f"  {label:<37}BLEU {scores.bleu:5.2f}  chrF {scores.chrf:5.2f}")
     for source, reference, hypothesis in report.samples:
         print(f"  source:    {source}\n  reference: {reference}\n  attnkit:   {hypothesis}")
     if report.figure is not None:
