@@ -110,7 +110,7 @@ def decoding_options(args: argparse.Namespace, model: Model, fallback: dict[str,
             f"--compile compiles the one-path step (greedy or sampling); beam search (--num-beams "
             f"{effective['num_beams']}) runs eagerly: add --num-beams 1 or drop --compile"
         )
-    check_no_repeat_ngram_size(args)
+    check_no_repeat_ngram_size(args, effective.get("no_repeat_ngram_size"))
     for flag, value in [("--eos-id", args.eos_id), ("--pad-id", args.pad_id)]:
         if value is not None and not 0 <= value < model.config.vocab_size:
             raise ValueError(f"{flag} must be a token id in [0, {model.config.vocab_size}), got {value}")
@@ -195,10 +195,12 @@ def require(*packages: str) -> None:
         importlib.import_module(package)
 
 
-def check_no_repeat_ngram_size(args: argparse.Namespace) -> None:
+def check_no_repeat_ngram_size(args: argparse.Namespace, size: int | None) -> None:
+    """The n-gram flags; ``size``: the one decoding will use (the flag's, else the checkpoint's
+    generation_config.json's)."""
     if args.no_repeat_ngram_size is not None and args.no_repeat_ngram_size < 1:
         raise ValueError(f"--no-repeat-ngram-size must be >= 1, got {args.no_repeat_ngram_size} (3 is usual)")
-    if args.no_repeat_ngram_unit is not None and args.no_repeat_ngram_size is None:
+    if args.no_repeat_ngram_unit is not None and size is None:
         raise ValueError("--no-repeat-ngram-unit is the unit of --no-repeat-ngram-size; add --no-repeat-ngram-size N")
 
 

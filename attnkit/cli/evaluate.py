@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         require("sacrebleu")
         if args.num_beams < 1:
             raise ValueError(f"--num-beams must be >= 1, got {args.num_beams} (1 = greedy)")
-        check_no_repeat_ngram_size(args)
+        check_no_repeat_ngram_size(args, args.no_repeat_ngram_size)
         options = {"num_beams": args.num_beams, "no_repeat_ngram_size": args.no_repeat_ngram_size}
         options.update(no_repeat_options(args))
         if args.num_beams > 1:

@@ -6,6 +6,7 @@ token ids, as ``transformers`` counts, or over the words of the text
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -73,22 +74,12 @@ class Words:
     boundary: Tensor
 
 
-# Words read per tokenizer and vocabulary size; the tokenizer is kept so that its id is not reused.
-_WORDS: dict[tuple[int, int], tuple[Tokenizer, Words]] = {}
-
-
+@functools.lru_cache(maxsize=8)  # a tokenizer hashes by identity: read once per loaded tokenizer
 def words_of(tokenizer: Tokenizer, vocab_size: int) -> Words:
     """Read :class:`Words` off ``tokenizer``'s pieces for a model of ``vocab_size`` ids (ids the
-    tokenizer does not have count as specials), once per tokenizer. A word-level tokenizer's
-    every token is a word; one whose pieces mark no word start (WordPiece's ``##`` marks
-    continuations instead) is refused."""
-    key = (id(tokenizer), vocab_size)
-    if key not in _WORDS:
-        _WORDS[key] = (tokenizer, _read_words(tokenizer, vocab_size))
-    return _WORDS[key][1]
-
-
-def _read_words(tokenizer: Tokenizer, vocab_size: int) -> Words:
+    tokenizer does not have count as specials). A word-level tokenizer's every token is a word;
+    one whose pieces mark no word start (WordPiece's ``##`` marks continuations instead) is
+    refused."""
     from tokenizers import models
 
     added = set(tokenizer.get_added_tokens_decoder())

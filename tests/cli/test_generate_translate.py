@@ -253,6 +253,24 @@ def test_translate_passes_the_word_unit(mt_dir: Path, capsys: pytest.CaptureFixt
     assert output_lines(capsys, argv) == reference_translate(model, sources, 16, **options, **words)
 
 
+def test_the_word_unit_applies_to_the_checkpoints_own_size(
+    mt_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--no-repeat-ngram-unit alone is the unit of the size a generation_config.json sets."""
+    import shutil
+
+    path = tmp_path / "mt"
+    shutil.copytree(mt_dir, path)
+    (path / "generation_config.json").write_text('{"no_repeat_ngram_size": 2}', encoding="utf-8")
+    model = attnkit.from_pretrained(path)
+    sources = ["the cat sat on the mat", "der hund lief im park"]
+    options = dict(num_beams=2, length_penalty=0.6, max_new_tokens=12, source_length_offset=50)
+    argv = ["translate", "--model", str(path), "--num-beams", "2", "--max-new-tokens", "12"]
+    argv += ["--no-repeat-ngram-unit", "word", *sources]
+    expected = reference_translate(model, sources, 16, **options, no_repeat_ngram_unit="word")
+    assert output_lines(capsys, argv) == expected
+
+
 GREEDY = ["--num-beams", "1", "--max-new-tokens", "12"]
 GREEDY_OPTIONS = dict(num_beams=1, length_penalty=0.6, max_new_tokens=12, source_length_offset=50)
 
