@@ -173,10 +173,16 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     scoring = time.perf_counter()
     greedy = score_translations(model, model.tokenizer, pairs, run.data.max_tokens, num_beams=1)
     beam = score_translations(model, model.tokenizer, pairs, run.data.max_tokens, **BEAM)
-    tuned = {}
+    tuned, tuned_hypotheses = {}, None
     if spec.get("tuned"):  # the demo's decoding too
         scores = score_translations(model, model.tokenizer, pairs, run.data.max_tokens, **TUNED_BEAM)
-        tuned = {"bleu_tuned": scores.bleu, "chrf_tuned": scores.chrf, "samples": scores.hypotheses[:5]}
+        tuned_hypotheses = scores.hypotheses
+        tuned = {
+            "bleu_tuned": scores.bleu,
+            "chrf_tuned": scores.chrf,
+            "outputs_repeating_a_3gram_tuned": new_repeats(scores.hypotheses, [r for _, r in pairs]),
+            "samples": scores.hypotheses[:5],
+        }
     return {
         "steps": progress.step,
         "horizon": horizon[0] if horizon else None,
@@ -196,17 +202,24 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
         "signature": greedy.signature,
         "valid_bleu_greedy_200": final.get("bleu_greedy"),  # the first 200 validation verses, as the trainer scores
         "outputs_repeating_a_3gram": new_repeats(greedy.hypotheses, [r for _, r in pairs]),
-        "tasks": _per_task(pairs, greedy.hypotheses, beam.hypotheses) if run.data.tasks else {},
+        "tasks": _per_task(pairs, greedy.hypotheses, beam.hypotheses, tuned_hypotheses) if run.data.tasks else {},
         **tuned,
     }
 
 
-def _per_task(pairs: list[tuple[str, str]], greedy: list[str], beam: list[str]) -> dict[str, dict[str, Any]]:
-    """A text-to-text run's scores per task, beside the score of copying the source."""
-    beams = by_task(pairs, beam)
+def _per_task(
+    pairs: list[tuple[str, str]], greedy: list[str], beam: list[str], tuned: list[str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """A text-to-text run's scores per task, beside the score of copying the source (and the
+    tuned beam's, where it was scored)."""
+    beams, tuned_beams = by_task(pairs, beam), by_task(pairs, tuned) if tuned is not None else {}
+    extra = {
+        task: {"bleu_tuned": s.bleu, "outputs_repeating_a_3gram_tuned": s.new_repeats}
+        for task, s in tuned_beams.items()
+    }
     return {
         task: {"sentences": s.sentences, "bleu_greedy": s.bleu, "bleu_beam4": beams[task].bleu, "chrf_greedy": s.chrf,
-               "bleu_copy": s.copy_bleu, "outputs_repeating_a_3gram": s.new_repeats}
+               "bleu_copy": s.copy_bleu, "outputs_repeating_a_3gram": s.new_repeats, **extra.get(task, {})}
         for task, s in by_task(pairs, greedy).items()
     }  # fmt: skip
 

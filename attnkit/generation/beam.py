@@ -154,7 +154,8 @@ def beam_search(
         widened = wide[: B * k].copy_(logits)  # (B·k, V) in float32, whatever the model's dtype
         log_p = torch.log_softmax(widened, dim=-1, out=log_p_buffer[: B * k])  # (B·k, V)
         if constraint is not None:
-            log_p = constraint(log_p, torch.cat([model.prompt, beams.tokens[:, :, :t].reshape(B * k, t)], dim=1))
+            read = torch.cat([model.prompt, beams.tokens[:, :, :t].reshape(B * k, t)], dim=1)  # (B·k, L)
+            log_p = constraint(log_p, read, (last <= length).repeat_interleave(k))
         total = log_p.view(B, k, V).add_(beams.scores[:, :, None]).view(B, k * V)  # (B, k·V), in place
         # 7: the argmax becomes a top-2k, over all k·V extensions of an example at once
         cand_scores, flat = total.topk(n_candidates, dim=1)  # (B, 2k), best first

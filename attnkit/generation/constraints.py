@@ -1,6 +1,7 @@
 """The decoding constraints a checkpoint's generation config may ask for, besides
 :mod:`~attnkit.generation.ngrams`: banned words and forced first or last tokens. Each
-rewrites the next-token scores (N, V) given what each row has read (N, L), as
+rewrites the next-token scores (N, V) given what each row has read (N, L) and which rows take
+their final token (N,), as
 ``transformers``' logits processors do, and they compose in its order."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def bad_words(words: Sequence[Sequence[int]]) -> Constraint:
     single = sorted({w[0] for w in words if len(w) == 1})
     longer = [list(w) for w in words if len(w) > 1]
 
-    def constrain(scores: Tensor, sequences: Tensor) -> Tensor:
+    def constrain(scores: Tensor, sequences: Tensor, final: Tensor) -> Tensor:
         banned = torch.zeros_like(scores, dtype=torch.bool)
         if single:
             banned[:, single] = True
@@ -38,7 +39,7 @@ def forced(token: int, step: int, read_before: int) -> Constraint:
     """Force ``token`` as new token number ``step`` (0-based): every other score -inf there.
     ``read_before``: the length of what a row had read before its first new token."""
 
-    def constrain(scores: Tensor, sequences: Tensor) -> Tensor:
+    def constrain(scores: Tensor, sequences: Tensor, final: Tensor) -> Tensor:
         if sequences.shape[1] - read_before != step:
             return scores
         only = torch.full_like(scores, float("-inf"))
@@ -55,9 +56,9 @@ def chain(constraints: Sequence[Constraint]) -> Constraint | None:
     if len(constraints) == 1:
         return constraints[0]
 
-    def constrain(scores: Tensor, sequences: Tensor) -> Tensor:
+    def constrain(scores: Tensor, sequences: Tensor, final: Tensor) -> Tensor:
         for constraint in constraints:
-            scores = constraint(scores, sequences)
+            scores = constraint(scores, sequences, final)
         return scores
 
     return constrain

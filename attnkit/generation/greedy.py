@@ -66,7 +66,10 @@ def decode_one_path(
     finished = torch.zeros(N, dtype=torch.bool, device=logits.device)  # (n,)
     for t in range(max_new_tokens):  # 3: for t = 1 .. T_max
         if constraint is not None:
-            logits = constraint(logits, torch.cat([model.prompt, out[rows, :t]], dim=1))
+            final = torch.full_like(finished, t + 1 == max_new_tokens)  # (n,): cut after this token
+            if budget is not None:
+                final |= budget[rows] <= t + 1
+            logits = constraint(logits, torch.cat([model.prompt, out[rows, :t]], dim=1), final)
         token = choose(logits)  # 7: y_t <- argmax_v p_v (or a sample)
         token = torch.where(finished, pad_token_id, token)
         out[rows, t] = token  # 8: append y_t to y

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 # (next-token scores (N, V), what each row has read so far (N, L): the prompt or start token
-# and the new tokens) -> the scores to choose from
-Constraint = Callable[[Tensor, Tensor], Tensor]
+# and the new tokens, which rows take their final token now (N,) bool: the length cap ends them
+# after it) -> the scores to choose from
+Constraint = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 def repeated_ngram_bans(sequences: Tensor, n: int, vocab_size: int) -> Tensor:
@@ -48,7 +49,7 @@ def no_repeat_ngram(n: int) -> Constraint:
     become -inf. What it has read is the prompt (decoder-only) or the start token
     (encoder-decoder) and the new tokens, as ``transformers`` counts."""
 
-    def constrain(scores: Tensor, sequences: Tensor) -> Tensor:
+    def constrain(scores: Tensor, sequences: Tensor, final: Tensor) -> Tensor:
         return scores.masked_fill(repeated_ngram_bans(sequences, n, scores.shape[-1]), float("-inf"))
 
     return constrain
@@ -65,13 +66,15 @@ class Words:
 
     ``text[i]``: token i's piece without its leading word marks; ``starts[i]``: it begins a word;
     ``special[i]``: an added token (start, end, padding), which ends a word and is in none;
-    ``boundary`` (V,) bool: the tokens that end the word before them, word starts and specials.
+    ``boundary`` (V,) bool: the tokens that end the word before them, word starts and specials;
+    ``pieces``: the ids of each (starts a word, text) pair of the non-special tokens.
     """
 
     text: tuple[str, ...]
     starts: tuple[bool, ...]
     special: tuple[bool, ...]
     boundary: Tensor
+    pieces: dict[tuple[bool, str], list[int]]
 
 
 @functools.lru_cache(maxsize=8)  # a tokenizer hashes by identity: read once per loaded tokenizer
@@ -94,7 +97,11 @@ def words_of(tokenizer: Tokenizer, vocab_size: int) -> Words:
         )
     text = tuple("" if s else p.lstrip(WORD_MARKS) for p, s in zip(pieces, special, strict=True))
     boundary = torch.tensor([a or b for a, b in zip(starts, special, strict=True)])
-    return Words(text, starts, special, boundary)
+    pieces: dict[tuple[bool, str], list[int]] = {}
+    for i, (start, piece, s) in enumerate(zip(starts, text, special, strict=True)):
+        if not s:
+            pieces.setdefault((start, piece), []).append(i)
+    return Words(text, starts, special, boundary, pieces)
 
 
 def split_words(row: Sequence[int], words: Words) -> list[str]:
@@ -126,6 +133,29 @@ def completes_a_repeat(row_words: Sequence[str], n: int) -> bool:
     return len(row_words) > n and any(tuple(row_words[i : i + n]) == last for i in range(len(row_words) - n))
 
 
+def followers(row_words: Sequence[str], n: int) -> set[str]:
+    """The words that, appended to ``row_words`` as a whole word, would make its last n words an
+    n-gram that occurs among them: those that follow each earlier occurrence of its last n - 1."""
+    context = tuple(row_words[len(row_words) - (n - 1) :])
+    return {row_words[i + n - 1] for i in range(len(row_words) - n + 1) if tuple(row_words[i : i + n - 1]) == context}
+
+
+def final_bans(row: Sequence[int], n: int, words: Words) -> list[int]:
+    """The tokens that, as a row's final token (the length cap cuts it after), would leave its
+    last word completing a repeated n-gram of words: a piece that starts a new word spelling
+    one of :func:`followers`, or one that lengthens the unfinished word into one. (Ending the
+    word as it is, with a special token, is :func:`no_repeat_word_ngram`'s own ban.)"""
+    row_words = split_words(row, words)
+    if row and not words.special[row[-1]] and row_words[-1]:  # an unfinished word: pieces differ
+        unfinished = row_words[-1]
+        new = [i for w in followers(row_words, n) for i in words.pieces.get((True, w), ())]
+        ends = [w[len(unfinished) :] for w in followers(row_words[:-1], n) if w.startswith(unfinished)]
+        return new + [i for rest in ends if rest for i in words.pieces.get((False, rest), ())]
+    # no word open, or one that is only whitespace so far: any piece's text is the next word
+    done = row_words[:-1] if row_words and not row_words[-1] else row_words
+    return [i for w in followers(done, n) for start in (True, False) for i in words.pieces.get((start, w), ())]
+
+
 def no_repeat_word_ngram(n: int, words: Words) -> Constraint:
     """The constraint that no n-gram of *words* occurs twice in a row's text, as the count of
     outputs that loop reads it (whitespace-separated words,
@@ -134,21 +164,24 @@ def no_repeat_word_ngram(n: int, words: Words) -> Constraint:
     " Et le roi"), and a word may be spelt by several pieces. A row whose unfinished last word
     would complete a repeated n-gram may not end that word: every piece that starts a new word,
     and every special token (the end token included), is banned; it may still lengthen the
-    word into another one. A row cut short by the length cap, not by a banned token, can end
-    on a repeat."""
+    word into another one. A row's final token before the length cap may not leave it on a
+    repeat either (:func:`final_bans`)."""
     if n < 1:
         raise ValueError(f"no_repeat_ngram_size must be >= 1, got {n}")
 
-    def constrain(scores: Tensor, sequences: Tensor) -> Tensor:
+    def constrain(scores: Tensor, sequences: Tensor, final: Tensor) -> Tensor:
         rows = [
             r
             for r, row in enumerate(sequences.tolist())
             if not words.special[row[-1]] and completes_a_repeat(split_words(row, words), n)
         ]  # a row that ends on a special token has no unfinished word
-        if not rows:
+        last = {r: final_bans(sequences[r].tolist(), n, words) for r in final.nonzero().flatten().tolist()}
+        if not rows and not any(last.values()):
             return scores
         scores = scores.clone()
         scores[rows] = scores[rows].masked_fill(words.boundary.to(scores.device), float("-inf"))
+        for r, tokens in last.items():
+            scores[r, tokens] = float("-inf")
         return scores
 
     return constrain
