@@ -1,7 +1,8 @@
 """The block kernel against fp32 ``F.linear``, per product (issue: quantised decoding on every
-CPU): at each number of activation rows, the integer dot products (attnkit's AVX2 kernel) and the
-dense path (the blocks dequantised, then one fp32 product), on the shapes of SmolLM2-135M and
-the demo translator. Where the dense path overtakes the integer one is ``kernels.DENSE_ROWS``."""
+CPU): at each number of activation rows, the integer dot products (attnkit's AVX2 kernel) on the
+blocks as they are and packed (:func:`attnkit.kernels.pack`, 4-bit formats), and the dense path
+(the blocks dequantised, then one fp32 product), on the shapes of SmolLM2-135M and the demo
+translator. Where the dense path overtakes the integer one is ``kernels.DENSE_ROWS``."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ SHAPES = {"SmolLM2 q": (576, 576), "SmolLM2 gate": (1536, 576), "SmolLM2 down": 
 CALLS = 50  # products per timing: one takes microseconds
 
 
-def _products(x: torch.Tensor, fmt: str, blocks: tuple, dense_rows: int) -> None:
+def _products(x: torch.Tensor, fmt: str, blocks: tuple, dense_rows: int, packed: torch.Tensor | None) -> None:
     kernels.DENSE_ROWS, saved = dense_rows, kernels.DENSE_ROWS
     try:
         for _ in range(CALLS):
-            kernels.block_matmul(x, fmt, *blocks, kernel="avx2")
+            kernels.block_matmul(x, fmt, *blocks, kernel="avx2", packed=packed)
     finally:
         kernels.DENSE_ROWS = saved
 
@@ -38,13 +39,17 @@ def run(repeats: int = 7, small: bool = False, fmt: str = "q4_1") -> list[Compar
         torch.manual_seed(0)
         w = torch.randn(n, k) / k**0.5
         blocks = kernels.quantize(w, fmt)
+        packed = kernels.pack(fmt, *blocks)
+        paths = [("integer", False), ("dense", True)] + ([("packed", False)] if packed is not None else [])
         for rows in (1, 4) if small else (1, 2, 4, 8, 16, 32, 128):
             x = torch.randn(rows, k)
-            for path, dense_rows in (("integer", rows + 1), ("dense", 1)):
+            for path, dense in paths:
                 results.append(
                     compare(
                         f"{name} {n}×{k} {fmt}, {rows} rows, {path}",
-                        lambda x=x, b=blocks, d=dense_rows: _products(x, fmt, b, d),
+                        lambda x=x, b=blocks, d=1 if dense else rows + 1, p=packed if path == "packed" else None: (
+                            _products(x, fmt, b, d, p)
+                        ),
                         lambda x=x, w=w: _linear(x, w),
                         work=CALLS * rows, unit="rows", peer_name="fp32 F.linear", repeats=repeats,
                     )

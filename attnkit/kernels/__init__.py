@@ -37,7 +37,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.kernels.blocks import BLOCK, FORMATS, check, dequantize, matmul_reference, quantize, quantize_activations
+from attnkit.kernels.blocks import (
+    BLOCK,
+    FORMATS,
+    check,
+    dequantize,
+    matmul_reference,
+    pack,
+    quantize,
+    quantize_activations,
+)
 from attnkit.machine import cpu_flags
 
 __all__ = [
@@ -49,6 +58,7 @@ __all__ = [
     "block_matmul",
     "block_matmuls",
     "matmul_reference",
+    "pack",
     "quantize",
     "quantize_activations",
 ]
@@ -115,7 +125,9 @@ def _build() -> ctypes.CDLL | KernelUnavailableError:
     library.attnkit_block_matmul.restype = library.attnkit_block_dequantize.restype = ctypes.c_int
     arrays = [ctypes.c_void_p] * 5  # the weights' data, scales, minima and row counts; the output
     int64 = ctypes.c_int64
-    library.attnkit_block_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, *arrays, int64, int64]
+    # ... and the packed groups, between the minima and the row counts
+    matmul = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, *arrays[:3], *arrays[2:], int64, int64]
+    library.attnkit_block_matmul.argtypes = matmul
     library.attnkit_block_dequantize.argtypes = [ctypes.c_int, ctypes.c_int, *arrays, int64]
     return library
 
@@ -137,32 +149,41 @@ def _auto() -> str:
     return "avx2" if available("avx2") else "reference"
 
 
-Weight = tuple[Tensor, Tensor, "Tensor | None"]  # one weight's blocks: data, d (fp16 scales), m (q4_1's minima)
+# One weight's blocks: data, d (fp16 scales), m (q4_1's minima), and optionally their packed
+# groups of 8 rows (:func:`pack`), which the C kernel reads instead where given.
+Weight = tuple[Tensor, Tensor, "Tensor | None"] | tuple[Tensor, Tensor, "Tensor | None", "Tensor | None"]
+_NONE = torch.empty(0, dtype=torch.uint8)  # no packed groups: the op's lists hold tensors only
 
 
 @functools.lru_cache(maxsize=4096)
-def _arrays(data: tuple[int, ...], d: tuple[int, ...], m: tuple[int, ...], n: tuple[int, ...]) -> tuple:
+def _arrays(
+    data: tuple[int, ...], d: tuple[int, ...], m: tuple[int, ...], packed: tuple[int, ...], n: tuple[int, ...]
+) -> tuple:
     """The C arrays of the weights' addresses and row counts (a model's weights stay put: built once)."""
     pointers = ctypes.c_void_p * len(data)
-    return pointers(*data), pointers(*d), pointers(*m), (ctypes.c_int64 * len(n))(*n)
+    return pointers(*data), pointers(*d), pointers(*m), pointers(*packed), (ctypes.c_int64 * len(n))(*n)
 
 
-def _run_avx2(x: Tensor, format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor]) -> Tensor:
+def _run_avx2(
+    x: Tensor, format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor], packed: list[Tensor]
+) -> Tensor:
     """The C kernel on ``x`` (m, k) fp32 and the weights' blocks side by side: (m, Σ n_i)."""
     x = x.contiguous()
     data, d = [t.contiguous() for t in data], [t.contiguous() for t in d]
     m = [t.contiguous() for t in m] or d  # unused but for q4_1
     n = tuple(t.shape[0] for t in data)
-    arrays = _arrays(*(tuple(t.data_ptr() for t in ts) for ts in (data, d, m)), n)
+    where = [tuple(t.data_ptr() for t in ts) for ts in (data, d, m)]
+    w, wd, wm, groups, rows = _arrays(*where, tuple(t.data_ptr() if t.numel() else 0 for t in packed), n)
     library = _avx2_library()
     if x.shape[0] >= DENSE_ROWS:  # the weights dequantised, then one dense fp32 product
         dense = torch.empty(sum(n), x.shape[1], dtype=torch.float32)
-        _status(library.attnkit_block_dequantize(_CODES[format], len(data), *arrays, dense.data_ptr(), x.shape[1]))
+        code = _CODES[format]
+        _status(library.attnkit_block_dequantize(code, len(data), w, wd, wm, rows, dense.data_ptr(), x.shape[1]))
         return torch.mm(x, dense.T)
     out = torch.empty(x.shape[0], sum(n), dtype=torch.float32)
     _status(
         library.attnkit_block_matmul(
-            _CODES[format], x.data_ptr(), len(data), *arrays, out.data_ptr(), x.shape[0], x.shape[1]
+            _CODES[format], x.data_ptr(), len(data), w, wd, wm, groups, rows, out.data_ptr(), x.shape[0], x.shape[1]
         )
     )
     return out
@@ -172,30 +193,39 @@ def _status(status: int) -> None:
     if status != 0:
         raise RuntimeError(
             f"the AVX2 block kernel failed (status {status}: 1 = k not a multiple of 32, 2 = no memory, "
-            "4 = more than 8 weights)"
+            "4 = more than 8 weights, 5 = packed q8_0)"
         )
 
 
 @torch.library.custom_op("attnkit::block_matmul", mutates_args=())
-def _block_matmul_avx2(x: Tensor, format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor]) -> Tensor:
+def _block_matmul_avx2(
+    x: Tensor, format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor], packed: list[Tensor]
+) -> Tensor:
     """:func:`_run_avx2` as an op ``torch.compile`` keeps whole (eager calls skip its dispatch: 9 µs)."""
-    return _run_avx2(x, format, data, d, m)
+    return _run_avx2(x, format, data, d, m, packed)
 
 
 @_block_matmul_avx2.register_fake
-def _(x: Tensor, format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor]) -> Tensor:
+def _(x: Tensor, format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor], packed: list[Tensor]) -> Tensor:
     return x.new_empty(x.shape[0], sum(t.shape[0] for t in data))
 
 
 def block_matmul(
-    x: Tensor, format: str, data: Tensor, d: Tensor, m: Tensor | None = None, kernel: str = "auto"
+    x: Tensor,
+    format: str,
+    data: Tensor,
+    d: Tensor,
+    m: Tensor | None = None,
+    kernel: str = "auto",
+    packed: Tensor | None = None,
 ) -> Tensor:
     """``x`` (m, k) fp32 times the weight (n, k) held as ``format``'s blocks ``data``, ``d`` (fp16
     scales, (n, k / 32)) and, for q4_1, ``m`` (its minima): (m, n) fp32, ``x`` quantised per block
     of 32 (:mod:`attnkit.kernels.blocks`); from ``DENSE_ROWS`` rows of ``x`` on, ``x`` as it is
     times the dequantised weight. ``kernel``: "avx2", "reference", or "auto" (AVX2
-    where it runs). k must be a multiple of 32 (pad both sides with zeros)."""
-    return block_matmuls(x, format, [(data, d, m)], kernel)
+    where it runs). k must be a multiple of 32 (pad both sides with zeros). ``packed``: the
+    same blocks as :func:`pack` gives them, which the AVX2 kernel reads instead (4-bit formats)."""
+    return block_matmuls(x, format, [(data, d, m, packed)], kernel)
 
 
 def block_matmuls(x: Tensor, format: str, weights: Sequence[Weight], kernel: str = "auto") -> Tensor:
@@ -210,21 +240,30 @@ def block_matmuls(x: Tensor, format: str, weights: Sequence[Weight], kernel: str
     check(format)
     if not 1 <= len(weights) <= 8:
         raise ValueError(f"block_matmuls takes 1 to 8 weights, not {len(weights)}")
-    for data, _, m in weights:
+    for data, _, m, *packed in weights:
         k = data.shape[-1] * (2 if format != "q8_0" else 1)
         if x.shape[-1] % BLOCK or x.shape[-1] != k:
             raise ValueError(f"x (…, {x.shape[-1]}) and the {format} weight (…, {k}) need one k, a multiple of {BLOCK}")
         if (format == "q4_1") != (m is not None):
             raise ValueError(f"{format} takes {'its' if format == 'q4_1' else 'no'} block minima m")
+        if packed and packed[0] is not None:
+            size = (data.shape[0] // 8) * (k // BLOCK) * 160 if format != "q8_0" else 0  # pieces, scales, minima
+            if packed[0].dtype != torch.uint8 or packed[0].numel() != size or not size:
+                raise ValueError(
+                    f"packed holds {packed[0].numel()} bytes of {packed[0].dtype} where kernels.pack gives "
+                    f"{size or 'none'} for this {format} weight; pass what pack returns"
+                )
     if kernel == "auto":
         kernel = _auto()
     if kernel == "reference":
         if x.shape[0] >= DENSE_ROWS:
-            return F.linear(x.float(), torch.cat([dequantize(format, *weight) for weight in weights]))
-        return torch.cat([matmul_reference(x, format, *weight) for weight in weights], dim=-1)
+            return F.linear(x.float(), torch.cat([dequantize(format, *weight[:3]) for weight in weights]))
+        return torch.cat([matmul_reference(x, format, *weight[:3]) for weight in weights], dim=-1)
     return _run_avx2(x.float(), format, *_lists(weights))  # a kernel that cannot run: its one-line error
 
 
-def _lists(weights: Sequence[Weight]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-    """The weights' data, scales and (q4_1's, else none) minima, each as a list: the op's arguments."""
-    return [w[0] for w in weights], [w[1] for w in weights], [w[2] for w in weights if w[2] is not None]
+def _lists(weights: Sequence[Weight]) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]]:
+    """The weights' data, scales, (q4_1's, else none) minima and packed groups (else empty), each
+    as a list: the op's arguments."""
+    packed = [w[3] if len(w) > 3 and w[3] is not None else _NONE for w in weights]
+    return [w[0] for w in weights], [w[1] for w in weights], [w[2] for w in weights if w[2] is not None], packed

@@ -100,6 +100,26 @@ def dequantize(format: str, data: Tensor, d: Tensor, m: Tensor | None = None) ->
     return w.reshape(w.shape[0], -1)
 
 
+PACKED_ROWS = 8  # the rows a packed group interleaves
+
+
+def pack(format: str, data: Tensor, d: Tensor, m: Tensor | None = None) -> Tensor | None:
+    """A 4-bit weight's first ``n // 8`` groups of 8 rows in the C kernel's packed layout, as one
+    uint8 tensor; None for q8_0 or fewer than 8 rows (the kernel takes those rows, and any rest,
+    from the blocks as they are). A pure rearrangement, nothing requantised: the 4-byte pieces of
+    each block of 8 rows, interleaved (group, block, piece, row), then the rows' scales and their
+    minima (q4_0's are ``-8 d``, exact in fp16), each (group, block, row)."""
+    check(format)
+    groups = data.shape[0] // PACKED_ROWS
+    if format == "q8_0" or groups == 0:
+        return None
+    rows, blocks = groups * PACKED_ROWS, d.shape[1]
+    pieces = data[:rows].contiguous().view(torch.int32).view(groups, PACKED_ROWS, blocks, 4).permute(0, 2, 3, 1)
+    mins = m if format == "q4_1" else -8 * d
+    sides = [t[:rows].reshape(groups, PACKED_ROWS, blocks).transpose(1, 2) for t in (d, mins)]
+    return torch.cat([t.contiguous().view(torch.uint8).flatten() for t in (pieces, *sides)])
+
+
 def matmul_reference(x: Tensor, format: str, data: Tensor, d: Tensor, m: Tensor | None = None) -> Tensor:
     """The C kernel's arithmetic in PyTorch: ``x`` (m, k) fp32 quantised per block
     (:func:`quantize_activations`), times the weight's blocks: (m, n) fp32. The integer dot

@@ -11,7 +11,15 @@
  * (vpsignb), summed in pairs to int16 (vpmaddubsw: 127·127·2 < 2^15, no saturation), in pairs
  * to int32 (vpmaddwd), then to fp32 times the two scales (vfmadd). Q4_1's unsigned u meets a
  * directly, and its offset adds mn · d_a · Σa per block. Output rows are shared among OpenMP
- * threads (the process's libgomp, torch's: one team). Several weights that meet one input go in
+ * threads (the process's libgomp, torch's: one team).
+ *
+ * The 4-bit formats also come packed (attnkit.kernels.pack), as llama.cpp's REPACK holds them:
+ * eight rows at a time, each block's 4-byte pieces interleaved so that 32-bit lane j of a load
+ * holds 4 bytes of row j (their low nibbles 4 values, their high nibbles the 4 that are 16 on),
+ * and the eight rows' scales and minima side by side (Q4_0 as Q4_1 with mn = -8 d). Four bytes
+ * of the activations broadcast to every lane meet all eight rows in one vpmaddubsw, so a block's
+ * eight dot products need no horizontal sums and its scales convert as one vector. A block's
+ * eight vpmaddubsw sums are added as int16 (8 · 2 · 15 · 127 < 2^15) before one vpmaddwd. Several weights that meet one input go in
  * one call; for many activation rows, attnkit_block_dequantize gives the fp32 weights for a
  * dense product instead. Built by attnkit.kernels with -mavx2 -mfma -mf16c. */
 #include <immintrin.h>
@@ -102,24 +110,66 @@ static inline __attribute__((always_inline)) void dot_rows(int format, int rows,
     for (int t = 0; t < rows; t++) out[j + t] = hsum(acc[t]) + offset[t];
 }
 
+/* Rows 8 g .. 8 g + 7 of out from their packed blocks (layout above: the pieces (g, b, s, j) of
+ * 4 bytes, then the scales (g, b, j) and minima (g, b, j) in fp16) for one activation row. */
+static inline void dot_packed(const uint8_t *packed, int64_t groups, int64_t g, const int8_t *a, const float *ad,
+                              const float *as, int64_t k, float *out) {
+    const int64_t blocks = k / BLOCK;
+    const uint8_t *pieces = packed + g * blocks * 128;
+    const uint16_t *scales = (const uint16_t *)(packed + groups * blocks * 128) + g * blocks * 8;
+    const uint16_t *mins = scales + groups * blocks * 8;
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *p = pieces + b * 128;
+        const int8_t *ab = a + b * BLOCK;
+        __m256i sums = _mm256_setzero_si256();
+        for (int s = 0; s < 4; s++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 32 * s));
+            const __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+            int32_t first, second;  /* the activations' bytes 4 s .. 4 s + 3 and 16 + 4 s .. */
+            __builtin_memcpy(&first, ab + 4 * s, 4);
+            __builtin_memcpy(&second, ab + 16 + 4 * s, 4);
+            sums = _mm256_add_epi16(sums, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(first)));
+            sums = _mm256_add_epi16(sums, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(second)));
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + b * 8)));
+        const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + b * 8)));
+        const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, ones));
+        acc = _mm256_fmadd_ps(dots, _mm256_mul_ps(d, _mm256_set1_ps(ad[b])), acc);
+        acc = _mm256_fmadd_ps(mn, _mm256_set1_ps(as[b]), acc);
+    }
+    _mm256_storeu_ps(out + 8 * g, acc);
+}
+
 /* The products of one activation matrix with ``count`` weights, out (m, Σ n_i) = x · [w_0; w_1; …]ᵀ:
  * q, k and v, or an FFN's gate and up, in one call, their rows shared among the threads as one
  * list of groups of 4 (a layer's whole work in one OpenMP region, its activations quantised once). */
 static inline __attribute__((always_inline)) void matmul(int format, const int8_t *xq, const float *xd,
                                                          const float *xs, int count, const uint8_t *const *w,
                                                          const uint16_t *const *wd, const uint16_t *const *wm,
-                                                         const int64_t *n, float *out, int64_t m, int64_t k) {
-    int64_t first[9] = {0}, column[9] = {0};  /* count <= 8: weight i's first group and first column */
+                                                         const uint8_t *const *packed, const int64_t *n, float *out,
+                                                         int64_t m, int64_t k) {
+    /* count <= 8: weight i's first unit of work, its packed groups of 8 rows, its first column */
+    int64_t first[9] = {0}, eights[8] = {0}, column[9] = {0};
     for (int i = 0; i < count; i++) {
-        first[i + 1] = first[i] + (n[i] + 3) / 4;
+        eights[i] = packed[i] ? n[i] / 8 : 0;
+        first[i + 1] = first[i] + eights[i] + (n[i] - 8 * eights[i] + 3) / 4;
         column[i + 1] = column[i] + n[i];
     }
-    const int64_t groups = first[count], blocks = k / BLOCK, width = column[count];
+    const int64_t units = first[count], blocks = k / BLOCK, width = column[count];
     #pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < groups; g++) {
+    for (int64_t u = 0; u < units; u++) {
         int i = 0;
-        while (g >= first[i + 1]) i++;
-        const int64_t j = 4 * (g - first[i]);
+        while (u >= first[i + 1]) i++;
+        const int64_t g = u - first[i];
+        if (g < eights[i]) {  /* a packed group of 8 rows */
+            for (int64_t r = 0; r < m; r++)
+                dot_packed(packed[i], eights[i], g, xq + r * k, xd + r * blocks, xs + r * blocks, k,
+                           out + r * width + column[i]);
+            continue;
+        }
+        const int64_t j = 8 * eights[i] + 4 * (g - eights[i]);  /* the rest, 4 rows at a time */
         const int rows = n[i] - j < 4 ? (int)(n[i] - j) : 4;
         for (int64_t r = 0; r < m; r++) {
             const int8_t *a = xq + r * k;
@@ -134,27 +184,37 @@ static inline __attribute__((always_inline)) void matmul(int format, const int8_
 }
 
 /* out (m, Σ n_i) = x (m, k) · [w_0; …; w_{count-1}]ᵀ, each w_i (n_i, k) in ``format``'s blocks
- * (wm: Q4_1's minima, else unused), 1 <= count <= 8. Returns 0, 1 where k is not a multiple of
- * 32, 2 without memory, 3 for an unknown format, 4 for a count out of range. */
+ * (wm: Q4_1's minima, else unused) and, for a 4-bit format, packed[i] its first n_i / 8 groups
+ * of 8 rows packed (or NULL), 1 <= count <= 8. Returns 0, 1 where k is not a multiple of 32,
+ * 2 without memory, 3 for an unknown format, 4 for a count out of range, 5 for packed Q8_0. */
 int attnkit_block_matmul(int format, const float *x, int count, const uint8_t *const *w, const uint16_t *const *wd,
-                         const uint16_t *const *wm, const int64_t *n, float *out, int64_t m, int64_t k) {
+                         const uint16_t *const *wm, const uint8_t *const *packed, const int64_t *n, float *out,
+                         int64_t m, int64_t k) {
     if (k % BLOCK) return 1;
     if (format != Q8_0 && format != Q4_0 && format != Q4_1) return 3;
     if (count < 1 || count > 8) return 4;
-    int8_t *xq = aligned_alloc(64, (size_t)((m * k + 63) / 64 * 64));
-    float *xd = malloc(sizeof(float) * (size_t)(m * (k / BLOCK) + 1));
-    float *xs = malloc(sizeof(float) * (size_t)(m * (k / BLOCK) + 1));
-    if (!xq || !xd || !xs) { free(xq); free(xd); free(xs); return 2; }
+    for (int i = 0; i < count; i++)
+        if (format == Q8_0 && packed[i]) return 5;
+    /* the quantised activations: one buffer per thread, kept and grown (no allocation per call) */
+    static _Thread_local int8_t *xq = NULL;
+    static _Thread_local float *xd = NULL;
+    static _Thread_local int64_t held = 0;
+    if (m * k > held) {
+        free(xq);
+        free(xd);
+        held = (m * k + 4095) / 4096 * 4096;
+        xq = aligned_alloc(64, (size_t)held);
+        xd = malloc(sizeof(float) * (size_t)(2 * (held / BLOCK)));
+        if (!xq || !xd) { free(xq); free(xd); xq = NULL; xd = NULL; held = 0; return 2; }
+    }
+    float *xs = xd + held / BLOCK;
     quantize_blocks(x, m, k, xq, xd, xs);
     if (format == Q8_0)
-        matmul(Q8_0, xq, xd, xs, count, w, wd, wm, n, out, m, k);
+        matmul(Q8_0, xq, xd, xs, count, w, wd, wm, packed, n, out, m, k);
     else if (format == Q4_0)
-        matmul(Q4_0, xq, xd, xs, count, w, wd, wm, n, out, m, k);
+        matmul(Q4_0, xq, xd, xs, count, w, wd, wm, packed, n, out, m, k);
     else
-        matmul(Q4_1, xq, xd, xs, count, w, wd, wm, n, out, m, k);
-    free(xq);
-    free(xd);
-    free(xs);
+        matmul(Q4_1, xq, xd, xs, count, w, wd, wm, packed, n, out, m, k);
     return 0;
 }
 

@@ -87,6 +87,26 @@ def test_a_quantised_layer_equals_the_dequantised_product(layout: str) -> None:
         assert_close(got.reshape(-1, 40), exact, atol=1e-5 * exact.abs().max().item(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["q4_0", "q4_1"])
+def test_a_4bit_layer_packs_its_blocks_again_when_they_change(layout: str) -> None:
+    """Where the AVX2 kernel runs, a 4-bit layer reads packed blocks (not saved); blocks copied
+    in afterwards, as a load copies them, are packed again before the next product."""
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(64, 24, bias=False), torch.nn.Linear(64, 24, bias=False)
+    layer = BlockLinear.of(first.weight, layout)
+    assert (layer.packed is not None) == kernels.available("avx2")
+    assert "packed" not in layer.state_dict() and "packed" not in str(layouts(layer))
+    x = torch.randn(1, 64)
+    layer(x)
+    source = BlockLinear.of(second.weight, layout)
+    with torch.no_grad():
+        for name in ("blocks", "block_scales", "block_mins"):
+            if getattr(layer, name) is not None:
+                getattr(layer, name).copy_(getattr(source, name))
+    expected = kernels.matmul_reference(x, layout, source.blocks, source.block_scales, source.block_mins)
+    assert_close(layer(x), expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
+
+
 @pytest.mark.parametrize("layout", kernels.FORMATS)
 def test_products_of_one_input_take_one_kernel_call(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
