@@ -41,7 +41,7 @@ def run(repeats: int = 7, small: bool = False, fmt: str = "q4_1") -> list[Compar
         blocks = kernels.quantize(w, fmt)
         packed = kernels.pack(fmt, *blocks)
         paths = [("integer", False), ("dense", True)] + ([("packed", False)] if packed is not None else [])
-        for rows in (1, 4) if small else (1, 2, 4, 8, 16, 32, 128):
+        for rows in (1, 4) if small else (1, 2, 4, 8, 16, 32, 128, 512):
             x = torch.randn(rows, k)
             for path, dense in paths:
                 results.append(

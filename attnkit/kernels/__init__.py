@@ -9,13 +9,16 @@ product and each block's integer dot product is taken with AVX2's ``vpmaddubsw``
 (``blocks_avx2.c``): the same kernel runs on AVX512 CPUs, which have AVX2 too.
 ``block_matmuls`` takes several weights that meet one input (attention's q, k and v; a gated
 FFN's gate and up) in one call: at batch 1 a small product costs more in its call than in its
-arithmetic. From ``DENSE_ROWS`` activation rows on (a batch, beams, a prompt) the blocks are
-dequantised and multiplied dense in fp32 instead, where the integer products lose to fp32.
+arithmetic. The 4-bit formats' blocks also come packed (:func:`pack`: eight rows interleaved, as
+llama.cpp's REPACK holds them), which the kernel reads 2-4x faster than fp32 ``F.linear`` at
+every row count. Blocks that are not packed, from ``DENSE_ROWS`` activation rows on (a batch,
+beams, a prompt), are dequantised and multiplied dense in fp32 instead, where their integer
+products lose to fp32.
 
 The library is plain C, no torch headers, built with the system's C compiler (``$CC``, else
 ``cc``: the compiler inductor needs too) in about a second, where a ``torch.utils.cpp_extension``
 build of the same code takes a minute on two cores; it is loaded with ``ctypes`` and wrapped as
-the custom op ``attnkit::block_matmul`` (opaque to ``torch.compile``). The cache:
+the op ``attnkit::block_matmul`` (opaque to ``torch.compile``). The cache:
 ``$XDG_CACHE_HOME/attnkit/kernels`` (else ``~/.cache/...``), one file per source and flags,
 written atomically.
 """
@@ -69,9 +72,11 @@ SOURCE = Path(__file__).with_name("blocks_avx2.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 FEATURES = frozenset({"avx2", "fma", "f16c"})
 KERNELS = ("auto", "avx2", "reference")
-# From this many activation rows on (a batch, beams, a prompt), a product dequantises its blocks
-# and multiplies them dense in fp32: at 32 rows that wins over the integer dot products on every
-# shape measured, at 16 it loses on most (`python -m benchmarks blocks`, docs/performance.md).
+# From this many activation rows on (a batch, beams, a prompt), a product of unpacked blocks
+# dequantises them and multiplies dense in fp32: at 32 rows that wins over the integer dot
+# products on every shape measured, at 16 it loses on most. Packed blocks stay integer at every
+# row count: they beat fp32 itself from 1 to 2,048 rows (`python -m benchmarks blocks`,
+# docs/performance.md).
 DENSE_ROWS = 32
 _CODES = {name: code for code, name in enumerate(FORMATS)}  # blocks_avx2.c's enum
 
@@ -155,32 +160,41 @@ Weight = tuple[Tensor, Tensor, "Tensor | None"] | tuple[Tensor, Tensor, "Tensor 
 _NONE = torch.empty(0, dtype=torch.uint8)  # no packed groups: the op's lists hold tensors only
 
 
-@functools.lru_cache(maxsize=4096)
-def _arrays(
-    data: tuple[int, ...], d: tuple[int, ...], m: tuple[int, ...], packed: tuple[int, ...], n: tuple[int, ...]
-) -> tuple:
-    """The C arrays of the weights' addresses and row counts (a model's weights stay put: built once)."""
-    pointers = ctypes.c_void_p * len(data)
-    return pointers(*data), pointers(*d), pointers(*m), pointers(*packed), (ctypes.c_int64 * len(n))(*n)
+_PLANS: dict[tuple[int, ...], tuple] = {}  # the C arguments of each set of weights, by their addresses
+
+
+def _plan(data: list[Tensor], d: list[Tensor], m: list[Tensor], packed: list[Tensor]) -> tuple:
+    """The C arrays of the weights' addresses and row counts, the total row count and whether any
+    is packed: built once per set of weights (a model's weights stay put), looked up by address."""
+    key = (*(t.data_ptr() for t in (*data, *d, *m, *packed)), *(t.shape[0] for t in data))
+    plan = _PLANS.get(key)
+    if plan is None:
+        pointers = ctypes.c_void_p * len(data)
+        n = [t.shape[0] for t in data]
+        ptrs = [[t.data_ptr() if t.numel() else 0 for t in ts] for ts in (data, d, m or d, packed)]
+        plan = (*(pointers(*p) for p in ptrs), (ctypes.c_int64 * len(n))(*n), sum(n), any(ptrs[3]))
+        if len(_PLANS) >= 4096:  # weights freed and others made: start again
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
 
 
 def _run_avx2(
     x: Tensor, format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor], packed: list[Tensor]
 ) -> Tensor:
-    """The C kernel on ``x`` (m, k) fp32 and the weights' blocks side by side: (m, Σ n_i)."""
+    """The C kernel on ``x`` (m, k) fp32 and the weights' blocks side by side: (m, Σ n_i). At
+    batch 1 its Python costs as much as a small product: kept to what matters."""
     x = x.contiguous()
-    data, d = [t.contiguous() for t in data], [t.contiguous() for t in d]
-    m = [t.contiguous() for t in m] or d  # unused but for q4_1
-    n = tuple(t.shape[0] for t in data)
-    where = [tuple(t.data_ptr() for t in ts) for ts in (data, d, m)]
-    w, wd, wm, groups, rows = _arrays(*where, tuple(t.data_ptr() if t.numel() else 0 for t in packed), n)
+    if not all(t.is_contiguous() for t in (*data, *d, *m)):
+        data, d, m = [t.contiguous() for t in data], [t.contiguous() for t in d], [t.contiguous() for t in m]
+    w, wd, wm, groups, rows, width, any_packed = _plan(data, d, m, packed)  # pack's output is contiguous
     library = _avx2_library()
-    if x.shape[0] >= DENSE_ROWS:  # the weights dequantised, then one dense fp32 product
-        dense = torch.empty(sum(n), x.shape[1], dtype=torch.float32)
+    if x.shape[0] >= DENSE_ROWS and not any_packed:  # dequantised, then one dense fp32 product
+        dense = torch.empty(width, x.shape[1], dtype=torch.float32)
         code = _CODES[format]
         _status(library.attnkit_block_dequantize(code, len(data), w, wd, wm, rows, dense.data_ptr(), x.shape[1]))
         return torch.mm(x, dense.T)
-    out = torch.empty(x.shape[0], sum(n), dtype=torch.float32)
+    out = torch.empty(x.shape[0], width, dtype=torch.float32)
     _status(
         library.attnkit_block_matmul(
             _CODES[format], x.data_ptr(), len(data), w, wd, wm, groups, rows, out.data_ptr(), x.shape[0], x.shape[1]
@@ -197,15 +211,16 @@ def _status(status: int) -> None:
         )
 
 
-@torch.library.custom_op("attnkit::block_matmul", mutates_args=())
-def _block_matmul_avx2(
-    x: Tensor, format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor], packed: list[Tensor]
-) -> Tensor:
-    """:func:`_run_avx2` as an op ``torch.compile`` keeps whole (eager calls skip its dispatch: 9 µs)."""
-    return _run_avx2(x, format, data, d, m, packed)
+# :func:`_run_avx2` as the op ``attnkit::block_matmul``, which ``torch.compile`` keeps whole. A
+# library's op with a CPU kernel, not ``torch.library.custom_op``: at batch 1 the latter's
+# dispatch cost 6-35 µs a call more (121 calls a token for SmolLM2), for an autograd it has no
+# use for (quantised weights are for inference).
+_LIBRARY = torch.library.Library("attnkit", "FRAGMENT")
+_LIBRARY.define("block_matmul(Tensor x, str format, Tensor[] data, Tensor[] d, Tensor[] m, Tensor[] packed) -> Tensor")
+_LIBRARY.impl("block_matmul", _run_avx2, "CPU")
 
 
-@_block_matmul_avx2.register_fake
+@torch.library.register_fake("attnkit::block_matmul")
 def _(x: Tensor, format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor], packed: list[Tensor]) -> Tensor:
     return x.new_empty(x.shape[0], sum(t.shape[0] for t in data))
 
@@ -222,9 +237,10 @@ def block_matmul(
     """``x`` (m, k) fp32 times the weight (n, k) held as ``format``'s blocks ``data``, ``d`` (fp16
     scales, (n, k / 32)) and, for q4_1, ``m`` (its minima): (m, n) fp32, ``x`` quantised per block
     of 32 (:mod:`attnkit.kernels.blocks`); from ``DENSE_ROWS`` rows of ``x`` on, ``x`` as it is
-    times the dequantised weight. ``kernel``: "avx2", "reference", or "auto" (AVX2
-    where it runs). k must be a multiple of 32 (pad both sides with zeros). ``packed``: the
-    same blocks as :func:`pack` gives them, which the AVX2 kernel reads instead (4-bit formats)."""
+    times the dequantised weight, unless ``packed``: the same blocks as :func:`pack` gives them,
+    which the AVX2 kernel reads instead (4-bit formats), integer at every row count.
+    ``kernel``: "avx2", "reference", or "auto" (AVX2 where it runs). k must be a multiple of 32
+    (pad both sides with zeros)."""
     return block_matmuls(x, format, [(data, d, m, packed)], kernel)
 
 
@@ -234,7 +250,7 @@ def block_matmuls(x: Tensor, format: str, weights: Sequence[Weight], kernel: str
     each. One call, one quantisation of ``x`` and one team of threads for all (at most 8)."""
     if kernel != "reference" and torch.compiler.is_compiling():
         # The op, opaque to the graph: a model holds blocks for the C kernel only where it runs.
-        return _block_matmul_avx2(x.float(), format, *_lists(weights))
+        return torch.ops.attnkit.block_matmul(x.float(), format, *_lists(weights))
     if kernel not in KERNELS:
         raise ValueError(f"kernel={kernel!r} is not a block kernel; use one of {', '.join(KERNELS)}")
     check(format)
@@ -255,8 +271,8 @@ def block_matmuls(x: Tensor, format: str, weights: Sequence[Weight], kernel: str
                 )
     if kernel == "auto":
         kernel = _auto()
-    if kernel == "reference":
-        if x.shape[0] >= DENSE_ROWS:
+    if kernel == "reference":  # the same arithmetic as the AVX2 path's
+        if x.shape[0] >= DENSE_ROWS and not any(len(w) > 3 and w[3] is not None for w in weights):
             return F.linear(x.float(), torch.cat([dequantize(format, *weight[:3]) for weight in weights]))
         return torch.cat([matmul_reference(x, format, *weight[:3]) for weight in weights], dim=-1)
     return _run_avx2(x.float(), format, *_lists(weights))  # a kernel that cannot run: its one-line error

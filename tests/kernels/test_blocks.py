@@ -49,20 +49,21 @@ FOUR_BIT = [f for f in kernels.FORMATS if f != "q8_0"]
 
 @needs_avx2
 @pytest.mark.parametrize("fmt", FOUR_BIT)
-@pytest.mark.parametrize("m", [1, 8])
+@pytest.mark.parametrize("m", [1, 8, kernels.DENSE_ROWS + 3])
 @pytest.mark.parametrize(("n", "k"), [(37, 50), (129, 100), (8, 32), (300, 777)])
 def test_the_packed_blocks_give_the_reference(fmt: str, m: int, n: int, k: int) -> None:
     """The packed groups of 8 rows (and the rows after them, read as they are) equal the
-    reference, alone and beside unpacked weights in one call."""
+    reference, alone and beside unpacked weights in one call, integer at every row count."""
     x, weight, _ = operands(fmt, m, n, k)
     packed = kernels.pack(fmt, *weight)
     assert packed.dtype == torch.uint8 and packed.numel() == (n // 8) * (x.shape[1] // 32) * 160
-    expected = kernels.block_matmul(x, fmt, *weight, kernel="reference")
+    expected = kernels.matmul_reference(x, fmt, *weight)
+    assert_close(kernels.block_matmul(x, fmt, *weight, kernel="reference", packed=packed), expected)
     got = kernels.block_matmul(x, fmt, *weight, kernel="avx2", packed=packed)
     assert_close(got, expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
     other = operands(fmt, m, 13, k, seed=4)[1]
     both = kernels.block_matmuls(x, fmt, [other, (*weight, packed)], kernel="avx2")
-    alone = torch.cat([kernels.block_matmul(x, fmt, *other, kernel="reference"), expected], dim=-1)
+    alone = torch.cat([kernels.matmul_reference(x, fmt, *other), expected], dim=-1)
     assert_close(both, alone, atol=1e-5 * alone.abs().max().item(), rtol=1e-5)
 
 
