@@ -540,9 +540,15 @@ class DataConfig:
     # bible, translation: text-to-text tasks trained together instead of source -> target, each
     # source prefixed with its task as T5's are (attnkit.data.corpora.TASKS), e.g. "modernize".
     tasks: tuple[str, ...] = ()
+    # bible tasks: how many times each task's training pairs are read per epoch, in data.tasks'
+    # order (2 = twice, 0.5 = a seeded random half); () = once each. Held-out splits are never weighed.
+    task_weights: tuple[float, ...] = ()
     numbers: int = 20000  # numbers: how many (0 .. numbers-1)
     tokenizer: str | None = None  # a tokenizer.json to use; None = train a byte-level BPE on the data
     vocab_size: int = 8000  # when training the tokenizer
+    # bible: how many times the tokenizer reads each language's training text, as LANG=WEIGHT
+    # (e.g. fr=3: a bigger share of the vocabulary for French); () = once each.
+    tokenizer_weights: tuple[str, ...] = ()
     max_tokens: int = 128  # longer examples are truncated
     valid_fraction: float = 0.02  # held out for evaluation
     # A short-example curriculum: the first curriculum_epochs epochs train only on the examples
@@ -577,6 +583,28 @@ class DataConfig:
                     f"data.tasks are Bible text-to-text tasks; set data.corpus=bible (got {self.corpus!r})"
                 )
             check_tasks(self.tasks)
+        if self.task_weights and len(self.task_weights) != len(self.tasks):
+            raise ValueError(
+                f"data.task_weights={list(self.task_weights)} needs one weight per task of data.tasks "
+                f"({len(self.tasks)}: {list(self.tasks)})"
+            )
+        if any(not w > 0 for w in self.task_weights):
+            raise ValueError(
+                f"data.task_weights must all be > 0, got {list(self.task_weights)}; drop a task from data.tasks instead"
+            )
+        if self.tokenizer_weights:
+            from attnkit.data.corpora import language_weights
+
+            if self.corpus != "bible":
+                raise ValueError(
+                    f"data.tokenizer_weights weigh the Bibles' languages; set data.corpus=bible (got {self.corpus!r})"
+                )
+            language_weights(self.tokenizer_weights)
+            if self.tokenizer:
+                raise ValueError(
+                    f"data.tokenizer_weights shape a tokenizer attnkit trains, but data.tokenizer={self.tokenizer} "
+                    "is given; drop one of them"
+                )
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ fused paths as n grows to 16k), ``gpu`` (the bf16 suite on one accelerator: benc
 perplexity at equal wall time, gpt-bible's model vs a transformers GPT-2 of the same size), ``demo`` (make demo's
 job end to end: time and BLEU), ``trainspeed`` (training throughput at the demo's shape against an
 earlier commit, side by side), ``recipe`` (variants of a run preset over seeds and budgets, each
-in a fresh process: ``python -m benchmarks recipe --help``), ``decoding`` (per weight
+in a fresh process: ``python -m benchmarks recipe --help``), ``crossing`` (T5's span-corruption
+pretraining then its tasks against the tasks alone, as curves over total training time: where
+they cross), ``decoding`` (per weight
 format against transformers and CTranslate2: batch-1 GPT-2 greedy with its bandwidth floor,
 Marian-shaped batch-32 beam-4, and a trained translator's BLEU with ``--run DIR``),
 ``smollm2`` (the real SmolLM2-135M, batch-1 greedy per format), ``blocks`` (the block kernel
@@ -32,6 +34,7 @@ import torch
 from benchmarks import (
     attention,
     blocks,
+    crossing,
     decoding,
     demo,
     embed,
@@ -277,8 +280,11 @@ def _lm(out: Path | None, small: bool, budget: float | None) -> str:
 def main() -> None:
     if sys.argv[1:2] == ["recipe"]:  # its own options: variants, seeds, budgets
         sys.exit(recipe.main(sys.argv[2:]))
+    if sys.argv[1:2] == ["crossing"]:  # its own options: updates of each phase
+        sys.exit(crossing.main(sys.argv[2:]))
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    others = ["peak", "attention", "latency", "translation", "lm", "gpu", "demo", "recipe", "trainspeed", "startup"]
+    others = ["peak", "attention", "latency", "translation", "lm", "gpu", "demo", "recipe", "crossing", "trainspeed"]
+    others += ["startup"]
     others += ["decoding", "smollm2", "serve"]
     parser.add_argument("suite", choices=[*sorted(SUITES), *others])
     parser.add_argument("--small", action="store_true", help="tiny shapes (a quick check that it runs)")

@@ -138,3 +138,16 @@ def test_decoding_reports_every_format_against_transformers_and_ctranslate2_or_w
         assert (f"attnkit {fmt} compiled", "transformers fp32", "GPT-2") in rows
         assert numbers["floors"][f"{fmt} compiled"]["compile_seconds"] > 0
     assert all(t > 0 for r in numbers["results"] for t in (*r["ours"], *r["peer"]))
+
+
+def test_crossing_finds_where_the_shifted_pretrained_curve_goes_below() -> None:
+    from benchmarks.crossing import crossing
+
+    alone = [(0.0, 0, 5.0), (100.0, 100, 3.0), (200.0, 200, 2.0), (300.0, 300, 1.8)]
+    # After 50 s of pretraining the pretrained arm falls from 4.0 (at 50 s of total) to 1.0 (at
+    # 250 s): 4 - 0.015 (t - 50); the tasks alone, on [100, 200] s: 3 - 0.01 (t - 100). Equal at t = 150.
+    fast = [(0.0, 0, 4.0), (200.0, 200, 1.0)]
+    assert crossing(fast, alone, offset=50.0) == pytest.approx(150.0)
+    assert crossing([(0.0, 0, 9.0), (300.0, 300, 8.0)], alone, offset=0.0) is None  # always above
+    assert crossing([(0.0, 0, 1.0), (300.0, 300, 0.5)], alone, offset=0.0) == 0.0  # below from the start
+    assert crossing(fast, alone, offset=1000.0) is None  # no common seconds: nothing to compare

@@ -127,15 +127,16 @@ def _classifier_scores(run_dir: Path, run: RunConfig) -> dict[str, Any]:
     return {"accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"], "verses": len(examples)}
 
 
-def t5(ctx: Context, tmp: Path) -> dict[str, dict[str, Any]]:
-    """The text-to-text tasks: after span corruption on their Bibles, and alone."""
-    quick, total, pre_dir = ctx.quick, TOTAL[ctx.quick], tmp / "t5"
+def t5_runs(
+    pre_dir: Path, quick: bool, seed: int, pre: dict[str, str], tuned: dict[str, str], alone: dict[str, str]
+) -> tuple[RunConfig, dict[str, Arm]]:
+    """Span corruption on the Bibles of the text-to-text tasks into ``pre_dir`` (with the
+    ``pre`` overrides), and the two arms: the tasks from it (``tuned``) and alone (``alone``)."""
     task = run_preset("t5-bible-tasks")
     if quick:  # one task, two Bibles: a third of the text to read and encode
         task = apply_overrides(task, {"data.tasks": "modernize"})
     codes = sorted({code for name in task.data.tasks for code in TASKS[name]})
     shrink = {**_TINY_T5, "data.vocab_size": "1000"} if quick else {}
-    seed = {"train.seed": str(ctx.seed)}
     # The pretraining takes the recipe docs/families.md's study found for T5 on the tasks (rate,
     # warm-up, schedule, no dropout), so that neither arm trains by a recipe known to be worse.
     recipe = {
@@ -143,23 +144,34 @@ def t5(ctx: Context, tmp: Path) -> dict[str, dict[str, Any]]:
         "train.schedule": task.train.schedule,
         "train.warmup": str(task.train.warmup),
         "model.dropout": str(task.model.dropout),
+        "train.seed": str(seed),
     }
-    pre = apply_overrides(
-        run_preset("t5-bible"),
-        {**recipe, **_budget(total * SHARE, quick), **shrink, **seed, "data.bibles": ",".join(codes)},
-    )
-    own = {**seed, "data.tokenizer": str(pre_dir / "tokenizer.json")}
+    pretraining = apply_overrides(run_preset("t5-bible"), {**recipe, **pre, **shrink, "data.bibles": ",".join(codes)})
+    own = {"train.seed": str(seed), "data.tokenizer": str(pre_dir / "tokenizer.json")}
     arms = {
         "span-corruption pretrained, then the tasks": Arm(
-            apply_overrides(task, {**_budget(total * (1 - SHARE), quick), **own, "train.init": str(pre_dir)}),
-            pretrained=True,
+            apply_overrides(task, {**tuned, **own, "train.init": str(pre_dir)}), pretrained=True
         ),
-        "the tasks alone": Arm(apply_overrides(task, {**_budget(total, quick), **shrink, **own})),
+        "the tasks alone": Arm(apply_overrides(task, {**alone, **shrink, **own})),
     }
-    return _compare(pre, pre_dir, arms, lambda run_dir, run: {"tasks": _task_scores(run_dir, run, SCORED[quick])})
+    return pretraining, arms
 
 
-def _task_scores(run_dir: Path, run: RunConfig, per_task: int) -> dict[str, dict[str, float]]:
+def t5(ctx: Context, tmp: Path) -> dict[str, dict[str, Any]]:
+    """The text-to-text tasks: after span corruption on their Bibles, and alone."""
+    quick, total, pre_dir = ctx.quick, TOTAL[ctx.quick], tmp / "t5"
+    pre, arms = t5_runs(
+        pre_dir,
+        quick,
+        ctx.seed,
+        _budget(total * SHARE, quick),
+        _budget(total * (1 - SHARE), quick),
+        _budget(total, quick),
+    )
+    return _compare(pre, pre_dir, arms, lambda run_dir, run: {"tasks": task_scores(run_dir, run, SCORED[quick])})
+
+
+def task_scores(run_dir: Path, run: RunConfig, per_task: int) -> dict[str, dict[str, float]]:
     """Greedy BLEU of the first ``per_task`` held-out verses of each task."""
     from attnkit.data.corpora import task_of
     from attnkit.data.prepare import read_texts

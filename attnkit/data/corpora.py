@@ -28,6 +28,7 @@ BIBLES: dict[str, str] = {
     "v": "Reina-Valera 1909 (es)",
     "d": "Diodati 1649 (it)",
 }
+LANGUAGES = {code: name[-3:-1] for code, name in BIBLES.items()}  # code -> "en", "fr", ...
 SPLITS = ("train", "valid", "test")
 # Text-to-text tasks over the aligned Bibles, T5's way: each source starts with its task's
 # prefix ("modernize: Thou shalt not kill" -> "You shall not murder"). task -> (source, target).
@@ -151,6 +152,44 @@ def check_tasks(tasks: Sequence[str]) -> None:
     unknown = [t for t in tasks if t not in TASKS]
     if unknown or len(set(tasks)) != len(tasks):
         raise ValueError(f"data.tasks must name distinct tasks among {', '.join(map(repr, TASKS))}; got {list(tasks)}")
+
+
+def language_weights(items: Sequence[str]) -> dict[str, float]:
+    """``("fr=3", "en=1")`` -> ``{"fr": 3.0, "en": 1.0}``: weights by the Bibles' languages."""
+    known = sorted(set(LANGUAGES.values()))
+    weights: dict[str, float] = {}
+    for item in items:
+        language, _, text = item.partition("=")
+        try:
+            weight = float(text)
+        except ValueError:
+            weight = 0.0
+        if language not in known or language in weights or not weight > 0:
+            raise ValueError(
+                f"data.tokenizer_weights item {item!r}: write LANG=WEIGHT with LANG one of {', '.join(known)} "
+                "(each once) and WEIGHT > 0, e.g. fr=3"
+            )
+        weights[language] = weight
+    return weights
+
+
+def reweigh(items: Sequence[T], weight: Callable[[T], float], seed: int = 0) -> list[T]:
+    """Each item ``weight(item)`` times, in order: the whole part of its weight as copies, the
+    fraction as the chance (seeded) of one more. A weight of 1 keeps an item as it is."""
+    rng = random.Random(seed)
+    out: list[T] = []
+    for item in items:
+        w = weight(item)
+        out.extend([item] * (int(w) + (rng.random() < w - int(w))))
+    return out
+
+
+def pair_languages(pair: tuple[str, str], source: str, target: str) -> tuple[str, str]:
+    """The languages of a (source, target) pair of the Bibles: its task's translations' when
+    its source has a task's prefix, else ``source``'s and ``target``'s (codes of :data:`BIBLES`)."""
+    task = task_of(pair[0])
+    codes = TASKS[task] if task else (source, target)
+    return LANGUAGES[codes[0]], LANGUAGES[codes[1]]
 
 
 def prefix(task: str, text: str) -> str:

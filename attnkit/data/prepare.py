@@ -72,6 +72,35 @@ def read_texts(run: RunConfig) -> corpora.Split[Any]:
     return corpora.Split([items[i] for i in train_idx], [items[i] for i in valid_idx], [])
 
 
+def weigh_tasks(run: RunConfig, train: list[Any]) -> list[Any]:
+    """The training pairs with each task's read as many times per epoch as data.task_weights
+    says (after the tokenizer has learnt from them once each)."""
+    if not run.data.task_weights:
+        return train
+    weight = dict(zip(run.data.tasks, run.data.task_weights, strict=True))
+    return corpora.reweigh(train, lambda pair: weight[corpora.task_of(pair[0])], run.train.seed)
+
+
+def tokenizer_texts(run: RunConfig, train: list[Any]) -> list[str]:
+    """What the tokenizer learns from: every side of every training example, each language's
+    text read as many times as data.tokenizer_weights says (the vocabulary's split between them)."""
+    pairs = bool(train) and isinstance(train[0], tuple)
+    if not run.data.tokenizer_weights:
+        return [t for e in train for t in e] if pairs else train
+    if not pairs:
+        raise ValueError(
+            "data.tokenizer_weights weigh the languages of translation pairs; this run reads one language "
+            "(drop data.tokenizer_weights)"
+        )
+    weights = corpora.language_weights(run.data.tokenizer_weights)
+    sides = [
+        (text, language)
+        for pair in train
+        for text, language in zip(pair, corpora.pair_languages(pair, run.data.source, run.data.target), strict=True)
+    ]
+    return [text for text, _ in corpora.reweigh(sides, lambda side: weights.get(side[1], 1.0), run.train.seed)]
+
+
 def _labeled(run: RunConfig) -> corpora.Split[tuple[str, str]]:
     """(text, label) examples: the testament task, or the run's text<TAB>label files."""
     data = run.data
@@ -142,12 +171,10 @@ def load_data(run: RunConfig, tokenizer: Tokenizer | None, specials: ModelSpecia
         specials = specials_of(tokenizer) if has_specials(tokenizer) else None
         return Data(tokenizer, specials, *parts, labels=labels)
     if tokenizer is None:  # one vocabulary for source and target, as the paper's shared BPE
-        lines = (
-            [t for e in texts.train for t in e] if texts.train and isinstance(texts.train[0], tuple) else texts.train
-        )
-        tokenizer = train_tokenizer(lines, run.data.vocab_size)
+        tokenizer = train_tokenizer(tokenizer_texts(run, texts.train), run.data.vocab_size)
     train, valid, test = (
-        encode(tokenizer, part, run.data.max_tokens) for part in (texts.train, texts.valid, texts.test)
+        encode(tokenizer, part, run.data.max_tokens)
+        for part in (weigh_tasks(run, texts.train), texts.valid, texts.test)
     )
     if len(train) < 1 or len(valid) < 1:
         raise ValueError(

@@ -117,6 +117,14 @@ CLI_CASES = [
         train("--data.curriculum_max_tokens=1"),
         ("data.curriculum_max_tokens must be >= 2", "or null, got 1"),
     ),
+    Case(
+        "task-weights-without-tasks", train("--data.task_weights=2"), ("data.task_weights=[2.0]", "one weight per task")
+    ),
+    Case(
+        "tokenizer-weights-not-bible",
+        train("--data.tokenizer_weights=fr=2"),
+        ("data.tokenizer_weights", "set data.corpus=bible (got 'files')"),
+    ),
     Case("curriculum-no-epochs", train("--data.curriculum_epochs=0"), ("data.curriculum_epochs must be >= 1, got 0",)),
     Case(
         "curriculum-keeps-nothing",

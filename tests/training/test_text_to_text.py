@@ -6,6 +6,7 @@ scored per task by ``attnkit evaluate``."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,58 @@ def test_each_task_is_scored_as_its_own_corpus_beside_copying() -> None:
     assert all(s.bleu == s.copy_bleu for s in copied.values())
     assert scores["modernize"].copy_bleu == copied["modernize"].bleu
     assert (scores[TASKS[0]].new_repeats, scores["modernize"].new_repeats) == (1, 0)  # "les les les" loops
+
+
+def test_task_weights_set_each_tasks_share_of_an_epoch() -> None:
+    base = apply_overrides(run_preset("t5-bible-tasks"), SHRUNK)
+    weighed = apply_overrides(base, {"data.task_weights": "2,0.5"})  # French twice, a half of modernize
+    plain, mixed = load_data(base, None), load_data(weighed, None)
+    assert plain.tokenizer.to_str() == mixed.tokenizer.to_str()  # the vocabulary learns from each pair once
+    assert (plain.valid, plain.test) == (mixed.valid, mixed.test)  # held-out splits are never weighed
+
+    def counts(data: object) -> dict[str | None, int]:
+        tasks = [corpora.task_of(data.tokenizer.decode(source)) for source, _ in data.train]
+        return {task: tasks.count(task) for task in TASKS}
+
+    before, after = counts(plain), counts(mixed)
+    assert after[TASKS[0]] == 2 * before[TASKS[0]]
+    assert abs(after[TASKS[1]] - before[TASKS[1]] / 2) < 4 * (before[TASKS[1]] / 4) ** 0.5  # binomial, 4 sigma
+
+    def french(data: object) -> Counter:
+        rows = [(tuple(s), tuple(t)) for s, t in data.train]
+        return Counter(row for row in rows if corpora.task_of(data.tokenizer.decode(list(row[0]))) == TASKS[0])
+
+    assert french(mixed) == {pair: 2 * n for pair, n in french(plain).items()}  # every French pair, twice
+    with pytest.raises(ValueError, match=r"data\.task_weights=\[2\.0\] needs one weight per task"):
+        apply_overrides(base, {"data.task_weights": "2"})
+    with pytest.raises(ValueError, match=r"data\.task_weights must all be > 0, got \[1\.0, 0\.0\]"):
+        apply_overrides(base, {"data.task_weights": "1,0"})
+
+
+def test_reweigh_keeps_whole_weights_exactly_and_fractions_by_chance() -> None:
+    items = list(range(1000))
+    assert corpora.reweigh(items, lambda i: 1.0) == items
+    assert corpora.reweigh(items[:3], lambda i: 3.0) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    kept = corpora.reweigh(items, lambda i: 1.25, seed=7)
+    assert kept == corpora.reweigh(items, lambda i: 1.25, seed=7)  # seeded
+    assert set(kept) == set(items) and 200 < len(kept) - 1000 < 300  # a quarter more, give or take
+
+
+def test_tokenizer_weights_give_a_language_more_of_the_vocabulary() -> None:
+    base = apply_overrides(run_preset("t5-bible-tasks"), {**SHRUNK, "data.vocab_size": "2000"})
+    french = apply_overrides(base, {"data.tokenizer_weights": "fr=4"})
+    words = ("Éternel", "Israël", "péché", "d'Égypte", "Jérusalem", "enfants", "sacrificateur")
+
+    def pieces(run: object) -> int:
+        tokenizer = load_data(run, None).tokenizer
+        return sum(len(tokenizer.encode(" " + word).ids) for word in words)
+
+    assert pieces(french) < pieces(base)  # French words take fewer pieces with more French merges
+    with pytest.raises(ValueError, match=r"item 'fr3': write LANG=WEIGHT with LANG one of en, es, fr, it"):
+        apply_overrides(base, {"data.tokenizer_weights": "fr3"})
+    with pytest.raises(ValueError, match=r"item 'de=2'"):
+        apply_overrides(base, {"data.tokenizer_weights": "de=2"})
+    with pytest.raises(ValueError, match=r"data\.tokenizer=t\.json is given; drop one of them"):
+        apply_overrides(base, {"data.tokenizer_weights": "fr=2", "data.tokenizer": "t.json"})
+    with pytest.raises(ValueError, match=r"weigh the Bibles' languages; set data\.corpus=bible"):
+        DataConfig(corpus="files", tokenizer_weights=("fr=2",))

@@ -1,0 +1,165 @@
+"""Where T5's pretraining starts to pay [sec:att-families]: span corruption on the Bibles, then
+the text-to-text tasks, against the tasks alone, as validation-loss curves over total training
+seconds; the pretrained curve starts where its pretraining ended. ``attnkit figures --only
+transfer`` compares the two at one equal total; this gives every total at once, and the
+budget at which the curves cross, if they do.
+
+Every run is counted in updates (``--pretrain``, ``--tasks``), so that load on the machine
+changes its seconds but not its updates or losses; measure on a quiet machine for seconds
+that mean anything::
+
+    python -m benchmarks crossing [--pretrain 2328] [--tasks 2328] [--alone 4656] [--every 250] [--small]
+
+Results go to ``--out`` (default benchmarks/results): ``crossing-t5.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import time
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+from attnkit.chapter.transfer import SCORED, t5_runs, task_scores
+from attnkit.data.prepare import load_data
+from attnkit.training.run import train
+from benchmarks.common import machine
+
+RESULTS = Path(__file__).parent / "results"
+Curve = list[tuple[float, int, float]]  # (training seconds, update, validation loss)
+
+
+def _steps(updates: int, every: int) -> dict[str, str]:
+    """``updates`` counted, with a validation loss every ``every`` updates (and its seconds:
+    the training log is written at the same updates)."""
+    return {
+        "train.max_steps": str(updates), "train.time_budget": "null", "train.eval_every": str(every),
+        "train.log_every": str(every), "train.checkpoint_every": "100000",
+    }  # fmt: skip
+
+
+def curve(run_dir: Path) -> Curve:
+    """(seconds, update, validation loss) at each evaluation of a run, from its metrics.jsonl."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    seconds = {r["step"]: r["seconds"] for r in records if r["split"] == "train"}
+    return [
+        (seconds[r["step"]], r["step"], r["loss"])
+        for r in records
+        if r["split"] == "valid" and r["step"] in seconds and not r.get("final")
+    ]
+
+
+def crossing(pretrained: Curve, alone: Curve, offset: float) -> float | None:
+    """The first total of seconds at which the pretrained curve (its seconds after ``offset``
+    of pretraining) is below the curve of the tasks alone, both linear between their points;
+    None when it never is where both are measured."""
+    points = [(offset + s, loss) for s, _, loss in pretrained]
+
+    def at(curve: list[tuple[float, float]], t: float) -> float | None:
+        for (t0, y0), (t1, y1) in itertools.pairwise(curve):
+            if t0 <= t <= t1:
+                return y0 + (y1 - y0) * (t - t0) / max(t1 - t0, 1e-12)
+        return None
+
+    other = [(s, loss) for s, _, loss in alone]
+    times = sorted({t for t, _ in points} | {t for t, _ in other})
+    gaps = [(t, a - b) for t in times if (a := at(points, t)) is not None and (b := at(other, t)) is not None]
+    for (t0, g0), (t1, g1) in itertools.pairwise(gaps):
+        if g0 >= 0 > g1:  # pretrained above, then below: where the difference is zero
+            return t0 + (t1 - t0) * g0 / (g0 - g1)
+    return gaps[0][0] if gaps and gaps[0][1] < 0 else None
+
+
+def run(pretrain: int, tasks: int, alone: int, every: int, small: bool, seed: int = 0) -> dict[str, Any]:
+    """Pretrain for ``pretrain`` updates, then the tasks from it for ``tasks`` updates, and the
+    tasks alone for ``alone`` (as many as both phases of the other arm, for equal totals);
+    each arm's greedy BLEU per task is scored at its end."""
+    with TemporaryDirectory() as tmp:
+        pre_dir = Path(tmp) / "t5"
+        pre, arms = t5_runs(pre_dir, small, seed, _steps(pretrain, every), _steps(tasks, every), _steps(alone, every))
+        before, pre_final = train(pre, pre_dir, force=True, progress_bar=False)
+        pretraining = {"updates": before.step, "seconds": before.seconds, "valid_loss": pre_final["loss"],
+                       "curve": curve(pre_dir)}  # fmt: skip
+        data = load_data(next(iter(arms.values())).run, None)
+        results: dict[str, Any] = {}
+        for i, (name, arm) in enumerate(arms.items()):
+            run_dir = Path(tmp) / f"arm-{i}"
+            done, final = train(arm.run, run_dir, force=True, progress_bar=False, data=data)
+            results[name] = {
+                "pretraining_seconds": before.seconds if arm.pretrained else 0.0,
+                "curve": curve(run_dir), "updates": done.step, "seconds": done.seconds, "valid_loss": final["loss"],
+                "tasks": task_scores(run_dir, arm.run, SCORED[small]),
+            }  # fmt: skip
+    tuned, alone = (r["curve"] for r in results.values())
+    return {
+        "pretraining": pretraining,
+        "arms": results,
+        "crossing_seconds": crossing(tuned, alone, before.seconds),
+        # (update, pretrained arm's loss, the tasks alone's) where both were evaluated
+        "equal_updates": [(a[1], a[2], b[2]) for a, b in zip(tuned, alone, strict=False) if a[1] == b[1]],
+    }
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Validation loss against total seconds of training, per arm."""
+    from attnkit.chapter.report import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, arm in result["arms"].items():
+        offset = arm["pretraining_seconds"]
+        ax.plot([(offset + s) / 60 for s, _, _ in arm["curve"]], [loss for _, _, loss in arm["curve"]], label=name)
+    pre = result["pretraining"]
+    ax.axvline(pre["seconds"] / 60, color="gray", linestyle="dotted", label="end of the pretraining")
+    if result["crossing_seconds"] is not None:
+        ax.axvline(result["crossing_seconds"] / 60, color="black", linestyle="dashed", label="the curves cross")
+    ax.set_xlabel("minutes of training, pretraining included")
+    ax.set_ylabel("validation loss on the tasks (nats/token)")
+    cpu = result["machine"]["cpu_class"]
+    ax.set_title(f"T5: span corruption, then the tasks, against the tasks alone ({cpu})", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def table(result: dict[str, Any]) -> str:
+    """The curves at equal updates on the tasks, and where they cross."""
+    pre = result["pretraining"]
+    cross = result["crossing_seconds"]
+    rows = [f"| {u:,} | {a:.3f} | {b:.3f} |" for u, a, b in result["equal_updates"]]
+    where = f"at {cross:.0f} s of total training" if cross is not None else "nowhere in the measured range"
+    return "\n".join([
+        f"Pretraining: {pre['updates']:,} updates of span corruption, {pre['seconds']:.0f} s, "
+        f"validation loss {pre['valid_loss']:.3f}. The curves cross {where}.",
+        "", "| updates on the tasks | validation loss, pretrained | the tasks alone |", "|---|---|---|", *rows,
+    ])  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks crossing", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pretrain", type=int, default=2328, help="updates of span corruption (default 2328)")
+    parser.add_argument("--tasks", type=int, default=2328, help="updates on the tasks after it (default 2328)")
+    parser.add_argument("--alone", type=int, help="updates of the tasks alone (default: --pretrain + --tasks)")
+    parser.add_argument("--every", type=int, default=250, help="updates between validation losses (default 250)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--small", action="store_true", help="a tiny T5 on one task (a quick check that it runs)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    args.alone = args.pretrain + args.tasks if args.alone is None else args.alone
+    for flag in ("pretrain", "tasks", "alone", "every"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    load_before, started = os.getloadavg()[0], time.perf_counter()
+    result = {**run(args.pretrain, args.tasks, args.alone, args.every, args.small, args.seed), "machine": machine()}
+    result |= {"load_before": load_before, "load_after": os.getloadavg()[0],
+               "wall_seconds": time.perf_counter() - started}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "crossing-t5-small" if args.small else "crossing-t5"
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    plot(result, args.out / f"{name}.png")
+    print(table(result))
+    return 0
