@@ -251,7 +251,6 @@ def study(
     seeds: list[int],
     split: str,
     out: Path,
-    budget_label: str,
     tuned: bool = False,
     sentences: int | None = None,
 ) -> dict[str, Any]:
@@ -263,6 +262,7 @@ def study(
     from attnkit.machine import machine
 
     for variant, overrides in runs.items():
+        budget_label = label(preset, overrides)
         for seed in seeds:
             load_before = os.getloadavg()[0]
             start = time.perf_counter()
@@ -295,6 +295,15 @@ def study(
                 flush=True,
             )
     return payload
+
+
+def label(preset: str, overrides: dict[str, str]) -> str:
+    """A run's budget as the table shows it: ``"600 s"``, or ``"2328 steps"`` where its time
+    budget is unset or too large to bind."""
+    train = apply_overrides(run_preset(preset), overrides).train
+    if train.time_budget is None or train.time_budget >= 1e9:
+        return f"{train.max_steps} steps"
+    return f"{train.time_budget:.0f} s"
 
 
 def _spread(values: list[float]) -> str:
@@ -456,9 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m benchmarks recipe: error: {err}", file=sys.stderr)
         return 2
     name = args.name or args.screen or "recipe"
-    seconds = args.budget or run_preset(args.preset).train.time_budget
-    label = f"{args.steps} steps" if args.steps else f"{seconds:.0f} s" if seconds else "preset's steps"
-    payload = study(name, args.preset, runs, seeds, args.split, args.out, label, args.tuned, args.sentences)
+    payload = study(name, args.preset, runs, seeds, args.split, args.out, args.tuned, args.sentences)
     markdown = table(payload)
     (args.out / f"recipe-{name}.md").write_text(markdown + "\n", encoding="utf-8")
     print(markdown)
