@@ -541,7 +541,8 @@ class DataConfig:
     # source prefixed with its task as T5's are (attnkit.data.corpora.TASKS), e.g. "modernize".
     tasks: tuple[str, ...] = ()
     # bible tasks: how many times each task's training pairs are read per epoch, in data.tasks'
-    # order (2 = twice, 0.5 = a seeded random half); () = once each. Held-out splits are never weighed.
+    # order (2 = twice; 0.5 = a seeded random half of them, the same half every epoch); () = once
+    # each. Held-out splits are never weighed.
     task_weights: tuple[float, ...] = ()
     numbers: int = 20000  # numbers: how many (0 .. numbers-1)
     tokenizer: str | None = None  # a tokenizer.json to use; None = train a byte-level BPE on the data
@@ -583,6 +584,11 @@ class DataConfig:
                     f"data.tasks are Bible text-to-text tasks; set data.corpus=bible (got {self.corpus!r})"
                 )
             check_tasks(self.tasks)
+        if self.task_weights and not self.tasks:
+            raise ValueError(
+                f"data.task_weights={list(self.task_weights)} weigh data.tasks, and this run has none; set "
+                "data.tasks (with data.corpus=bible) or drop data.task_weights"
+            )
         if self.task_weights and len(self.task_weights) != len(self.tasks):
             raise ValueError(
                 f"data.task_weights={list(self.task_weights)} needs one weight per task of data.tasks "
@@ -618,6 +624,16 @@ class RunConfig:
     def __post_init__(self) -> None:
         if why := objective_mismatch(self.objective, self.model.family):
             raise ValueError(f"train.objective={self.objective}: {why}")
+        if self.data.tokenizer_weights and self.objective != "translation":
+            raise ValueError(
+                f"data.tokenizer_weights weigh the languages of translation pairs, and this run's objective is "
+                f"{self.objective}; drop data.tokenizer_weights"
+            )
+        if self.data.tokenizer_weights and self.train.init:
+            raise ValueError(
+                f"data.tokenizer_weights shape a tokenizer attnkit trains, but train.init={self.train.init} brings "
+                "its own; drop one of them"
+            )
 
     @property
     def objective(self) -> Objective:

@@ -8,9 +8,9 @@ fused paths as n grows to 16k), ``gpu`` (the bf16 suite on one accelerator: benc
 perplexity at equal wall time, gpt-bible's model vs a transformers GPT-2 of the same size), ``demo`` (make demo's
 job end to end: time and BLEU), ``trainspeed`` (training throughput at the demo's shape against an
 earlier commit, side by side), ``recipe`` (variants of a run preset over seeds and budgets, each
-in a fresh process: ``python -m benchmarks recipe --help``), ``crossing`` (T5's span-corruption
-pretraining then its tasks against the tasks alone, as curves over total training time: where
-they cross), ``decoding`` (per weight
+in a fresh process: ``python -m benchmarks recipe --help``), ``crossing`` (a family's own pretraining,
+T5's span corruption or BERT's masked LM, then its task, against the task alone, as curves over
+total training time: where they cross), ``decoding`` (per weight
 format against transformers and CTranslate2: batch-1 GPT-2 greedy with its bandwidth floor,
 Marian-shaped batch-32 beam-4, and a trained translator's BLEU with ``--run DIR``),
 ``smollm2`` (the real SmolLM2-135M, batch-1 greedy per format), ``blocks`` (the block kernel

@@ -109,13 +109,14 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
 
 
 def parse_changes(text: str, what: str) -> dict[str, str]:
-    """``key=value,key=value`` -> {key: value}; an item without ``=`` after the first continues
-    the value before it, a list (``data.tasks=modernize,translate English to French``)."""
+    """``key=value,key=value`` -> {key: value}; an item after the first without ``=``, or whose
+    key has no section, continues the value before it, a list (``data.tasks=modernize,translate
+    English to French``, ``data.tokenizer_weights=fr=3,en=2``)."""
     changes: dict[str, str] = {}
     last = None
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, eq, value = item.partition("=")
-        if not eq and last is not None:
+        if (not eq or "." not in key) and last is not None:  # fr=3,en=2 continues tokenizer_weights
             changes[last] += f",{item}"
             continue
         if not eq or not key:

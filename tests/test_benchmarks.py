@@ -59,6 +59,8 @@ def test_recipe_variants_take_list_values() -> None:
 
     changes = parse_changes("data.tasks=translate English to French,modernize,train.lr=1e-3", "variant 'x'")
     assert changes == {"data.tasks": "translate English to French,modernize", "train.lr": "1e-3"}
+    changes = parse_changes("data.tokenizer_weights=fr=3,en=2,train.lr=1e-3", "variant 'x'")
+    assert changes == {"data.tokenizer_weights": "fr=3,en=2", "train.lr": "1e-3"}
 
 
 def recipe(*options: str, out: Path) -> subprocess.CompletedProcess:
@@ -151,18 +153,34 @@ def test_crossing_finds_where_the_shifted_pretrained_curve_goes_below() -> None:
     assert crossing([(0.0, 0, 9.0), (300.0, 300, 8.0)], alone, offset=0.0) is None  # always above
     assert crossing([(0.0, 0, 1.0), (300.0, 300, 0.5)], alone, offset=0.0) == 0.0  # below from the start
     assert crossing(fast, alone, offset=1000.0) is None  # no common seconds: nothing to compare
+    zigzag = [(0.0, 0, 4.0), (100.0, 100, 4.0), (200.0, 200, 1.0)]  # below, above at 100 s, below again
+    assert crossing(zigzag, alone, offset=0.0) == 0.0  # the first second it is below
 
 
 @pytest.mark.slow
 def test_crossing_runs_both_arms_as_curves_after_a_pretraining(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "benchmarks", "crossing", "--family", "bert", "--small", "--pretrain", "4"]
-    command += ["--tasks", "4", "--every", "2", "--out", str(tmp_path)]
+    command += ["--tasks", "5", "--alone", "9", "--every", "2", "--out", str(tmp_path)]
     subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
     result = json.loads((tmp_path / "crossing-bert-small.json").read_text())
     assert result["pretraining"]["updates"] == 4 and result["family"] == "bert"
     tuned, alone = result["arms"].values()
-    assert [u for _, u, _ in tuned["curve"]] == [2, 4] and [u for _, u, _ in alone["curve"]] == [2, 4, 6, 8]
+    # a point at every checkpoint, the last update's included
+    assert [u for _, u, _ in tuned["curve"]] == [2, 4, 5] and [u for _, u, _ in alone["curve"]] == [2, 4, 6, 8, 9]
+    assert all(0.0 < loss < 2.0 for arm in (tuned, alone) for _, _, loss in arm["curve"])  # two labels: ln 2 near
     assert tuned["pretraining_seconds"] == result["pretraining"]["seconds"] > 0 == alone["pretraining_seconds"]
     assert all(0.0 <= arm["accuracy"] <= 1.0 for arm in (tuned, alone))
     assert [row[0] for row in result["equal_updates"]] == [2, 4]
+    bad = subprocess.run([*command[:-2], "--every", "3"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "--every 3 leaves a curve under 2 points" in bad.stderr
     assert (tmp_path / "crossing-bert-small.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_recipe_variant_is_labelled_with_its_own_budget() -> None:
+    from benchmarks.recipe import label, plan
+
+    assert label("t5-bible-tasks", {}) == "600 s"
+    assert label("t5-bible-tasks", {"train.max_steps": "4656", "train.time_budget": "null"}) == "4656 steps"
+    by_steps = plan("translate-en-fr", {}, {"a": {"train.schedule": "budget-linear"}}, None, 25)["a"]
+    assert by_steps["train.time_budget"] == "1e9" and label("translate-en-fr", by_steps) == "25 steps"
+    assert label("translate-en-fr", plan("translate-en-fr", {}, {"a": {}}, 150, None)["a"]) == "150 s"

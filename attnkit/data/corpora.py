@@ -8,6 +8,7 @@ chapters).
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import sqlite3
@@ -164,7 +165,7 @@ def language_weights(items: Sequence[str]) -> dict[str, float]:
             weight = float(text)
         except ValueError:
             weight = 0.0
-        if language not in known or language in weights or not weight > 0:
+        if language not in known or language in weights or not (math.isfinite(weight) and weight > 0):
             raise ValueError(
                 f"data.tokenizer_weights item {item!r}: write LANG=WEIGHT with LANG one of {', '.join(known)} "
                 "(each once) and WEIGHT > 0, e.g. fr=3"

@@ -83,21 +83,23 @@ def weigh_tasks(run: RunConfig, train: list[Any]) -> list[Any]:
 
 def tokenizer_texts(run: RunConfig, train: list[Any]) -> list[str]:
     """What the tokenizer learns from: every side of every training example, each language's
-    text read as many times as data.tokenizer_weights says (the vocabulary's split between them)."""
+    text read as many times as data.tokenizer_weights says (the vocabulary's split between them;
+    the config allows them on translation pairs only)."""
     pairs = bool(train) and isinstance(train[0], tuple)
     if not run.data.tokenizer_weights:
         return [t for e in train for t in e] if pairs else train
-    if not pairs:
-        raise ValueError(
-            "data.tokenizer_weights weigh the languages of translation pairs; this run reads one language "
-            "(drop data.tokenizer_weights)"
-        )
     weights = corpora.language_weights(run.data.tokenizer_weights)
     sides = [
         (text, language)
         for pair in train
         for text, language in zip(pair, corpora.pair_languages(pair, run.data.source, run.data.target), strict=True)
     ]
+    held = {language for _, language in sides}
+    if missing := sorted(set(weights) - held):
+        raise ValueError(
+            f"data.tokenizer_weights weigh {', '.join(missing)}, which this run's pairs do not hold (they are in "
+            f"{', '.join(sorted(held))}); drop {', '.join(f'{m}=...' for m in missing)}"
+        )
     return [text for text, _ in corpora.reweigh(sides, lambda side: weights.get(side[1], 1.0), run.train.seed)]
 
 

@@ -117,9 +117,7 @@ CLI_CASES = [
         train("--data.curriculum_max_tokens=1"),
         ("data.curriculum_max_tokens must be >= 2", "or null, got 1"),
     ),
-    Case(
-        "task-weights-without-tasks", train("--data.task_weights=2"), ("data.task_weights=[2.0]", "one weight per task")
-    ),
+    Case("task-weights-without-tasks", train("--data.task_weights=2"), ("data.task_weights=[2.0]", "set data.tasks")),
     Case(
         "tokenizer-weights-not-bible",
         train("--data.tokenizer_weights=fr=2"),

@@ -130,6 +130,8 @@ def test_task_weights_set_each_tasks_share_of_an_epoch() -> None:
         apply_overrides(base, {"data.task_weights": "2"})
     with pytest.raises(ValueError, match=r"data\.task_weights must all be > 0, got \[1\.0, 0\.0\]"):
         apply_overrides(base, {"data.task_weights": "1,0"})
+    with pytest.raises(ValueError, match=r"task_weights must be a finite number, got \(inf, 1\.0\)"):
+        apply_overrides(base, {"data.task_weights": "inf,1"})
 
 
 def test_reweigh_keeps_whole_weights_exactly_and_fractions_by_chance() -> None:
@@ -159,3 +161,9 @@ def test_tokenizer_weights_give_a_language_more_of_the_vocabulary() -> None:
         apply_overrides(base, {"data.tokenizer_weights": "fr=2", "data.tokenizer": "t.json"})
     with pytest.raises(ValueError, match=r"weigh the Bibles' languages; set data\.corpus=bible"):
         DataConfig(corpus="files", tokenizer_weights=("fr=2",))
+    with pytest.raises(ValueError, match=r"train\.init=t5-small brings its own; drop one of them"):
+        apply_overrides(base, {"data.tokenizer_weights": "fr=2", "train.init": "t5-small"})
+    with pytest.raises(ValueError, match=r"objective is span_corruption; drop data\.tokenizer_weights"):
+        apply_overrides(run_preset("t5-bible"), {"data.tokenizer_weights": "fr=2"})
+    with pytest.raises(ValueError, match=r"weigh es, which this run's pairs do not hold \(they are in en, fr\)"):
+        load_data(apply_overrides(base, {"data.tokenizer_weights": "es=2"}), None)
