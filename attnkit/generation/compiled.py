@@ -35,11 +35,16 @@ from attnkit.machine import inductor_cache_per_capability
 
 log = logging.getLogger(__name__)
 
-# Kernels chosen by measuring them; the weights as constants of the graph (inductor's freezing,
-# which takes effect only as a config patch around the call that compiles, not as an option).
+# Kernels chosen by measuring them.
 MODE = "max-autotune-no-cudagraphs"
-# The autotuner writes a table of every kernel it timed to stderr: not a user's business.
-QUIET = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+# The weights as constants of the graph (inductor's freezing, which takes effect only as a config
+# patch around the call that compiles, not as an option): a graph that takes them as inputs
+# checks and passes all of them at every step, SmolLM2's 934 tensors in blocks costing it 10-13
+# ms a token against 8.3-8.9 frozen. Freezing was once blamed for a corrupted heap that came
+# from inductor's cache shared between processes of different ``ATEN_CPU_CAPABILITY``
+# (:func:`attnkit.machine.inductor_cache_per_capability`). The autotuner writes a table of every
+# kernel it timed to stderr: not a user's business.
+PATCHES = {"freezing": True, "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 SMALLEST = 64  # the smallest cache capacity
 RECOMPILE_LIMIT = 64  # graphs of the step kept, over all models and shapes
 
@@ -104,18 +109,6 @@ def forget() -> None:
     _weights.clear()
 
 
-def freezes(model: nn.Module) -> bool:
-    """Whether the step is compiled with inductor's freezing (the weights as constants): for every
-    model but those holding llama.cpp blocks (:class:`attnkit.nn.quantized.BlockLinear`), whose
-    products are an opaque op that freezing cannot speed up (int4 GPT-2 124M decoded in 0.58 s
-    with freezing, 0.59 s without). Freezing was first blamed for a corrupted heap that came from
-    inductor's cache shared between processes of different ``ATEN_CPU_CAPABILITY``
-    (:func:`attnkit.machine.inductor_cache_per_capability`)."""
-    from attnkit.nn.quantized import BlockLinear
-
-    return not any(isinstance(m, BlockLinear) for m in model.modules())
-
-
 def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
     """``fn(model, *args)`` through its compiled graph; the first call of a shape compiles it
     (timed and logged). The step writes the cache among ``args`` in place."""
@@ -136,7 +129,7 @@ def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
     # Every model's step is one function to dynamo, whose graphs it counts together: beyond
     # recompile_limit (8) it would run the step eagerly, unannounced.
     limit = torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT)
-    with limit, torch._inductor.config.patch(QUIET | {"freezing": freezes(model)}), warnings.catch_warnings():
+    with limit, torch._inductor.config.patch(PATCHES), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "TypedStorage is deprecated")  # inductor's own autotuning uses it
         try:
             out = compiled(*args)

@@ -15,12 +15,15 @@ every row count. Blocks that are not packed, from ``DENSE_ROWS`` activation rows
 beams, a prompt), are dequantised and multiplied dense in fp32 instead, where their integer
 products lose to fp32.
 
-The library is plain C, no torch headers, built with the system's C compiler (``$CC``, else
-``cc``: the compiler inductor needs too) in about a second, where a ``torch.utils.cpp_extension``
-build of the same code takes a minute on two cores; it is loaded with ``ctypes`` and wrapped as
-the op ``attnkit::block_matmul`` (opaque to ``torch.compile``). The cache:
-``$XDG_CACHE_HOME/attnkit/kernels`` (else ``~/.cache/...``), one file per source and flags,
-written atomically.
+The kernel is plain C, no torch headers, built with the system's C compiler (``$CC``, else
+``cc``: the compiler inductor needs too) in about a second and loaded with ``ctypes``. The op
+``attnkit::block_matmul`` (opaque to ``torch.compile``; eager products call it too) is that C code
+linked with a small C++ kernel (``blocks_op.cpp``, ``$CXX`` else ``c++``, the torch headers, about
+7 s once), which the dispatcher calls without entering Python: at batch 1 the Python kernel it
+replaces cost 25 µs a call more, 3 ms of SmolLM2's 13 ms token. Where the C++ does not build, the
+op's kernel is :func:`_run_avx2` in Python over the same C code, with a line in the log saying
+why. The cache: ``$XDG_CACHE_HOME/attnkit/kernels`` (else ``~/.cache/...``), one file per
+source, flags and torch version, written atomically.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ __all__ = [
 log = logging.getLogger("attnkit.kernels")
 
 SOURCE = Path(__file__).with_name("blocks_avx2.c")
+OP_SOURCE = Path(__file__).with_name("blocks_op.cpp")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 FEATURES = frozenset({"avx2", "fma", "f16c"})
 KERNELS = ("auto", "avx2", "reference")
@@ -93,11 +97,41 @@ def _cache_dir() -> Path:
 def _avx2_library() -> ctypes.CDLL:
     """The compiled ``blocks_avx2.c``, built once per source and flags; a one-line
     :class:`KernelUnavailableError` where the CPU lacks AVX2/FMA/F16C, there is no C compiler, or
-    the cache cannot hold or load it (remembered: the build is not tried again)."""
+    the cache cannot hold or load it (remembered: the build is not tried again). The op
+    ``attnkit::block_matmul`` has its kernel once this returns (:func:`_register`)."""
     built = _build()
     if isinstance(built, KernelUnavailableError):
         raise built
+    _register()
     return built
+
+
+def _compiled(name: str, sources: bytes, commands: Sequence[Sequence[str]]) -> Path | str:
+    """The library ``name`` built in the cache by ``commands`` (each with ``{out}`` for the
+    library and ``{dir}`` for a scratch folder), once per ``sources`` and commands; or why not,
+    in one line."""
+    digest = hashlib.sha256(sources + repr(commands).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"{name}-{digest}.so"
+    try:
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+                built = Path(scratch) / target.name
+                for command in commands:
+                    line = [part.format(out=built, dir=scratch) for part in command]
+                    done = subprocess.run(line, capture_output=True, text=True)
+                    if done.returncode != 0:
+                        errors = [text for text in done.stderr.splitlines() if "error" in text] or ["no message"]
+                        return f"did not compile with {command[0]}: {errors[0].strip()}"
+                os.replace(built, target)  # atomic: a concurrent build writes the same file
+    except OSError as err:
+        return f"cannot be built in {target.parent} ({err})"
+    return target
+
+
+def _compiler(variable: str, default: str) -> str | None:
+    compiler = os.environ.get(variable, default)
+    return compiler if shutil.which(compiler) else None
 
 
 @functools.cache
@@ -105,28 +139,19 @@ def _build() -> ctypes.CDLL | KernelUnavailableError:
     missing = FEATURES - cpu_flags()
     if missing:
         return KernelUnavailableError(f"the AVX2 block kernel needs {', '.join(sorted(missing))}, which this CPU lacks")
-    compiler = os.environ.get("CC", "cc")
-    if shutil.which(compiler) is None:
+    compiler = _compiler("CC", "cc")
+    if compiler is None:
         return KernelUnavailableError(
-            f"the AVX2 block kernel is compiled at first use and there is no C compiler ({compiler!r}); "
-            "install one (e.g. apt-get install gcc) or set CC"
+            f"the AVX2 block kernel is compiled at first use and there is no C compiler "
+            f"({os.environ.get('CC', 'cc')!r}); install one (e.g. apt-get install gcc) or set CC"
         )
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"{SOURCE.stem}-{digest}.so"
+    target = _compiled(SOURCE.stem, SOURCE.read_bytes(), [[compiler, *FLAGS, str(SOURCE), "-o", "{out}"]])
+    if isinstance(target, str):
+        return KernelUnavailableError(f"the AVX2 block kernel {target}")
     try:
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-                built = Path(scratch) / target.name
-                done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
-                if done.returncode != 0:
-                    first = (done.stderr.strip().splitlines() or ["no message"])[0]
-                    return KernelUnavailableError(f"the AVX2 block kernel did not compile with {compiler}: {first}")
-                os.replace(built, target)  # atomic: a concurrent build writes the same file
         library = ctypes.CDLL(str(target))
     except OSError as err:
-        return KernelUnavailableError(f"the AVX2 block kernel cannot be built or loaded in {target.parent} ({err})")
+        return KernelUnavailableError(f"the AVX2 block kernel cannot be loaded from {target} ({err})")
     library.attnkit_block_matmul.restype = library.attnkit_block_dequantize.restype = ctypes.c_int
     arrays = [ctypes.c_void_p] * 5  # the weights' data, scales, minima and row counts; the output
     int64 = ctypes.c_int64
@@ -135,6 +160,43 @@ def _build() -> ctypes.CDLL | KernelUnavailableError:
     library.attnkit_block_matmul.argtypes = matmul
     library.attnkit_block_dequantize.argtypes = [ctypes.c_int, ctypes.c_int, *arrays, int64]
     return library
+
+
+def _op_library() -> Path | str:
+    """``blocks_avx2.c`` and ``blocks_op.cpp`` linked into one library, the op's C++ kernel; or
+    why it cannot be built, in one line."""
+    compiler, linker = _compiler("CC", "cc"), _compiler("CXX", "c++")
+    if compiler is None or linker is None:
+        return f"there is no C++ compiler ({os.environ.get('CXX', 'c++')!r})"
+    from torch.utils import cpp_extension
+
+    torch_lib = cpp_extension.library_paths()[0]
+    cpp = [
+        linker, "-O2", "-std=c++20", "-fPIC", "-shared", "-fopenmp", f"-DATTNKIT_DENSE_ROWS={DENSE_ROWS}",
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        *(f"-I{path}" for path in cpp_extension.include_paths()),
+        str(OP_SOURCE), "{dir}/blocks.o", f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}",
+        "-o", "{out}",
+    ]  # fmt: skip
+    c = [compiler, *(flag for flag in FLAGS if flag != "-shared"), "-c", str(SOURCE), "-o", "{dir}/blocks.o"]
+    sources = SOURCE.read_bytes() + OP_SOURCE.read_bytes() + torch.__version__.encode()
+    return _compiled(OP_SOURCE.stem, sources, [c, cpp])
+
+
+@functools.cache
+def _register() -> str:
+    """Give the op ``attnkit::block_matmul`` its CPU kernel, once: the C++ one where it builds
+    and loads, else :func:`_run_avx2` (the reason logged). Returns which: "c++" or "python"."""
+    built = _op_library()
+    if isinstance(built, Path):
+        try:
+            torch.ops.load_library(str(built))
+            return "c++"
+        except OSError as err:
+            built = f"cannot be loaded from {built} ({err})"
+    log.info("the block op's C++ kernel: %s; its products pass through Python (about 25 µs a call more)", built)
+    _LIBRARY.impl("block_matmul", _run_avx2, "CPU")
+    return "python"
 
 
 def available(kernel: str = "avx2") -> bool:
@@ -211,13 +273,13 @@ def _status(status: int) -> None:
         )
 
 
-# :func:`_run_avx2` as the op ``attnkit::block_matmul``, which ``torch.compile`` keeps whole. A
-# library's op with a CPU kernel, not ``torch.library.custom_op``: at batch 1 the latter's
-# dispatch cost 6-35 µs a call more (121 calls a token for SmolLM2), for an autograd it has no
-# use for (quantised weights are for inference).
+# The op ``attnkit::block_matmul``, which ``torch.compile`` keeps whole; its CPU kernel is given
+# by :func:`_register` (C++, else :func:`_run_avx2`) once the C code builds. A library's op, not
+# ``torch.library.custom_op``: at batch 1 the latter's dispatch cost 6-35 µs a call more (121
+# calls a token for SmolLM2), for an autograd it has no use for (quantised weights are for
+# inference).
 _LIBRARY = torch.library.Library("attnkit", "FRAGMENT")
 _LIBRARY.define("block_matmul(Tensor x, str format, Tensor[] data, Tensor[] d, Tensor[] m, Tensor[] packed) -> Tensor")
-_LIBRARY.impl("block_matmul", _run_avx2, "CPU")
 
 
 @torch.library.register_fake("attnkit::block_matmul")
@@ -275,7 +337,8 @@ def block_matmuls(x: Tensor, format: str, weights: Sequence[Weight], kernel: str
         if x.shape[0] >= DENSE_ROWS and not any(len(w) > 3 and w[3] is not None for w in weights):
             return F.linear(x.float(), torch.cat([dequantize(format, *weight[:3]) for weight in weights]))
         return torch.cat([matmul_reference(x, format, *weight[:3]) for weight in weights], dim=-1)
-    return _run_avx2(x.float(), format, *_lists(weights))  # a kernel that cannot run: its one-line error
+    _avx2_library()  # a kernel that cannot run: its one-line error
+    return torch.ops.attnkit.block_matmul(x.float(), format, *_lists(weights))
 
 
 def _lists(weights: Sequence[Weight]) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]]:

@@ -209,14 +209,6 @@ def test_compiled_step_in_each_weight_format(
     assert weights == "int4" or eager <= (0.15 if weights == "int8-avx2" else 0.1) * fp32.abs().max()
 
 
-def test_models_of_llama_cpp_blocks_compile_without_freezing(tmp_path: Path) -> None:
-    # attnkit::block_matmul is opaque: freezing gains it nothing (compiled.freezes).
-    hf_gpt2(0).save_pretrained(tmp_path)
-    assert compiled.freezes(attnkit.from_pretrained(tmp_path))
-    if kernels.available("avx2"):
-        assert not compiled.freezes(attnkit.from_pretrained(tmp_path, weights="int4"))
-
-
 def test_a_forced_cpu_capability_compiles_into_its_own_inductor_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     # A graph compiled under ATEN_CPU_CAPABILITY=avx2 and reloaded without it from inductor's
     # shared cache corrupted the heap (attnkit.machine.inductor_cache_per_capability).

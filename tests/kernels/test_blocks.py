@@ -2,10 +2,14 @@
 its PyTorch reference for every format on odd shapes at batch 1 and 8, the 4-bit formats'
 packed groups too; each format's blocks
 within a step of the weights they quantise; the reference equal to the product of the
-dequantised activations and weights; a kernel that cannot run named in one line."""
+dequantised activations and weights; the op's C++ kernel and its Python fallback equal; a
+kernel that cannot run named in one line."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,3 +182,52 @@ def test_a_kernel_that_cannot_run_is_named_in_one_line(tmp_path: Path, monkeypat
             kernels.block_matmul(x, "q8_0", *weight, kernel="avx2")
     finally:
         kernels._build.cache_clear()
+
+
+@needs_avx2
+@pytest.mark.parametrize("fmt", kernels.FORMATS)
+@pytest.mark.parametrize("m", [1, 8, kernels.DENSE_ROWS + 3])
+def test_the_ops_python_kernel_equals_its_cpp_kernel(fmt: str, m: int) -> None:
+    """The op's two CPU kernels (C++ where it builds, :func:`kernels._run_avx2` where it does not)
+    call the same C code: equal outputs, packed and unpacked weights side by side."""
+    x, first, _ = operands(fmt, m, 37, 100, seed=1)
+    second = operands(fmt, m, 129, 100, seed=2)[1]
+    weights = [first, (*second, kernels.pack(fmt, *second))]
+    lists = kernels._lists(weights)
+    python = kernels._run_avx2(x, fmt, *lists)
+    assert_close(torch.ops.attnkit.block_matmul(x, fmt, *lists), python, atol=0, rtol=0)
+    expected = kernels.block_matmuls(x, fmt, weights, kernel="reference")
+    assert_close(python, expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
+
+
+FALLBACK = """
+import logging, torch
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+from attnkit import kernels
+x = torch.randn(3, 64)
+weight = kernels.quantize(torch.randn(40, 64), "q4_0")
+got = kernels.block_matmul(x, "q4_0", *weight, packed=kernels.pack("q4_0", *weight))
+torch.testing.assert_close(got, kernels.block_matmul(x, "q4_0", *weight, kernel="reference"))
+print(kernels._register())
+"""
+
+
+@needs_avx2
+def test_without_a_cpp_compiler_the_op_runs_its_python_kernel(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "CXX": "no-such-compiler"}
+    done = subprocess.run([sys.executable, "-c", FALLBACK], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["python"]
+    assert "the block op's C++ kernel: there is no C++ compiler ('no-such-compiler')" in done.stderr
+
+
+@needs_avx2
+def test_the_cpp_kernel_refuses_what_the_c_code_cannot_take() -> None:
+    x, weight, _ = operands("q8_0", 1, 8, 64)
+    lists = kernels._lists([weight])
+    with pytest.raises(RuntimeError, match="format=q5_k is not a block format; use one of q8_0, q4_0, q4_1"):
+        torch.ops.attnkit.block_matmul(x, "q5_k", *lists)
+    with pytest.raises(RuntimeError, match="block_matmul takes x \\(m, k\\) in fp32"):
+        torch.ops.attnkit.block_matmul(x.double(), "q8_0", *lists)
+    with pytest.raises(RuntimeError, match="block_matmul takes 1 to 8 weights, not 9"):
+        torch.ops.attnkit.block_matmul(x, "q8_0", *(t * 9 for t in lists))
