@@ -26,6 +26,7 @@ from torch import Tensor
 
 from attnkit.config import ModelConfig, from_dict
 from attnkit.models.generation_config import GENERATION_CONFIG, read_generation_config, write_generation_config
+from attnkit.nn.quantized import repack_changed
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -274,6 +275,8 @@ def copy_weights(model: torch.nn.Module, tensors: dict[str, Tensor], buffers: di
             p.copy_(tensors[name])
         for name, b in (buffers or {}).items():
             b.copy_(tensors[name])
+    if buffers:
+        repack_changed(model)
 
 
 def attach_tokenizer(model: torch.nn.Module, directory: Path, hugging_face: bool = False) -> None:

@@ -171,6 +171,16 @@ def products(x: Tensor, layers: Sequence[nn.Module]) -> list[Tensor]:
     return [layer._finish(part, x) for layer, part in zip(layers, parts, strict=True)]
 
 
+def repack_changed(model: nn.Module) -> None:
+    """Pack again each :class:`BlockLinear` of ``model`` whose blocks changed since it was packed
+    (after a load copies them in): done at the load, not by the first forward after it, whose new
+    packed tensors would look like changed weights to a compiled step compiled before it
+    (:func:`attnkit.generation.compiled.check_weights`), and make it compile again."""
+    for module in model.modules():
+        if isinstance(module, BlockLinear):
+            module.weights()
+
+
 def shell(layout: str, in_features: int, out_features: int, bias: bool) -> Quantized:
     if layout == ROWS:
         return Int8Linear(in_features, out_features, bias)

@@ -209,6 +209,18 @@ def test_compiled_step_in_each_weight_format(
     assert weights == "int4" or eager <= (0.15 if weights == "int8-avx2" else 0.1) * fp32.abs().max()
 
 
+@pytest.mark.skipif(not kernels.available("avx2"), reason="blocks are packed only for the AVX2 kernel")
+def test_a_loaded_model_of_blocks_is_packed_at_the_load_not_by_its_first_forward(tmp_path: Path) -> None:
+    # A first forward that packed the loaded blocks gave the model new tensors, which the next
+    # compiled decode took for changed weights: every graph of the process was compiled again.
+    hf_gpt2(0).save_pretrained(tmp_path / "hf")
+    attnkit.from_pretrained(tmp_path / "hf", weights="int4").save_pretrained(tmp_path / "int4")
+    for model in (attnkit.from_pretrained(tmp_path / "hf", weights="int4"), attnkit.from_pretrained(tmp_path / "int4")):
+        loaded = compiled._fingerprint(model)
+        model(torch.tensor([[1, 2, 3]]))
+        assert compiled._fingerprint(model) == loaded
+
+
 def test_a_forced_cpu_capability_compiles_into_its_own_inductor_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     # A graph compiled under ATEN_CPU_CAPABILITY=avx2 and reloaded without it from inductor's
     # shared cache corrupted the heap (attnkit.machine.inductor_cache_per_capability).
