@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnkit.cli.common import add_model_flag, add_weights_flag, input_lines, load_for, tokenizer_of
+from attnkit.cli.common import (
+    add_compile_flag,
+    add_model_flag,
+    add_weights_flag,
+    input_lines,
+    load_for,
+    report_compiles,
+    tokenizer_of,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -19,7 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "end token or --max-new-tokens. Greedy by default; --do-sample to sample.",
         epilog="examples:\n"
         '  attnkit chat --model runs/smollm2 --message "What is the capital of France?"\n'
-        "  attnkit chat --model runs/smollm2 --weights int8          # one message per line, Ctrl-D ends",
+        "  attnkit chat --model runs/smollm2 --weights int8          # one message per line, Ctrl-D ends\n"
+        "  attnkit chat --model runs/smollm2 --weights gguf --compile  # compiles first, then decodes faster",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_flag(parser)
@@ -31,6 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (1.0)")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
     parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    add_compile_flag(parser, "a long conversation (a cache size holds several replies)")
     parser.set_defaults(run=run)
 
 
@@ -50,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = tokenizer_of(model, args.model, ids_hint=False)
     cfg = model.config
     messages = [{"role": "system", "content": args.system}] if args.system else []
-    room = cfg.max_len
+    room, compiled = cfg.max_len, 0
     for number, text in enumerate(input_lines(args, args.message)):
         messages.append({"role": "user", "content": text})
         prompt = chat_prompt(template, tokenizer, cfg, messages)
@@ -67,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
 
         seed = None if args.seed is None else args.seed + number
         sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, seed=seed)
-        model.generate(
-            torch.tensor([prompt]), max_new_tokens=new_tokens, streamer=stream, **(sampling if args.do_sample else {})
-        )
+        options = {"compile": args.compile, **(sampling if args.do_sample else {})}
+        model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, streamer=stream, **options)
         print(reply.finish(), flush=True)
+        compiled = report_compiles(compiled)
         messages.append({"role": "assistant", "content": reply.text})
     return 0

@@ -127,12 +127,14 @@ def decoding_options(args: argparse.Namespace, model: Model, fallback: dict[str,
     )
 
 
-def report_compiles() -> None:
-    """On stderr: each decoding step ``--compile`` compiled, and the seconds it took."""
+def report_compiles(since: int = 0) -> int:
+    """On stderr: each decoding step ``--compile`` compiled (from the ``since``-th on), and the
+    seconds it took. Returns how many have been compiled, the next call's ``since``."""
     from attnkit.generation.compiled import COMPILES
 
-    for done in COMPILES:
+    for done in COMPILES[since:]:
         print(f"compiled the decoding step ({done.what}) in {done.seconds:.1f} s", file=sys.stderr)
+    return len(COMPILES)
 
 
 def add_decoding_flags(parser: argparse.ArgumentParser, fallback: dict[str, object]) -> None:
@@ -179,12 +181,16 @@ def add_decoding_flags(parser: argparse.ArgumentParser, fallback: dict[str, obje
         "--eos-id", metavar="ID", type=int, help="end-of-sequence token id (default: the model config's)"
     )
     group.add_argument("--pad-id", metavar="ID", type=int, help="padding token id (default: the model config's)")
-    group.add_argument(
+    add_compile_flag(group, "many inputs")
+    parser.add_argument("--batch-size", metavar="N", type=int, default=16, help="inputs decoded together (default 16)")
+
+
+def add_compile_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, pays_off_over: str) -> None:
+    parser.add_argument(
         "--compile", action="store_true",
         help="run the greedy or sampled decoding step as one compiled graph (torch.compile): each new batch shape "
-        "compiles first (seconds to a minute, reported), so it pays off over many inputs",
+        f"and cache size compiles first (seconds to a minute, reported), so it pays off over {pays_off_over}",
     )  # fmt: skip
-    parser.add_argument("--batch-size", metavar="N", type=int, default=16, help="inputs decoded together (default 16)")
 
 
 def require(*packages: str) -> None:

@@ -457,24 +457,49 @@ def test_missing_model_directory_is_one_line(command: str, tmp_path: Path, capsy
     )
 
 
-def test_chat_streams_what_generate_decodes_and_refuses_a_model_without_a_template(
-    tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
+def chat_model(tmp_path: Path) -> torch.nn.Module:
+    """A tiny Llama with a tokenizer, saved as ``plain`` (no chat template) and ``chat`` (one)."""
     from attnkit.data.tokenizer import train_tokenizer
 
     torch.manual_seed(0)
     model = attnkit.build_model(attnkit.preset("llama-tiny", vocab_size=300, eos_token_id=2)).eval()
     model.tokenizer = train_tokenizer(["the cat sat on the mat and the dog ran in the park"] * 50, 300)
     model.save_pretrained(tmp_path / "plain")
-    assert main(["chat", "--model", str(tmp_path / "plain"), "--message", "hi"]) == 2
-    assert "has no chat template" in capsys.readouterr().err
     model.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
     model.save_pretrained(tmp_path / "chat")
+    return model
+
+
+def test_chat_streams_what_generate_decodes_and_refuses_a_model_without_a_template(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    model = chat_model(tmp_path)
+    assert main(["chat", "--model", str(tmp_path / "plain"), "--message", "hi"]) == 2
+    assert "has no chat template" in capsys.readouterr().err
     assert main(["chat", "--model", str(tmp_path / "chat"), "--message", "the cat", "--max-new-tokens", "6"]) == 0
     prompt = model.tokenizer.encode("user: the cat\nassistant:", add_special_tokens=False).ids
     new = model.generate(torch.tensor([prompt]), max_new_tokens=6)[0, len(prompt) :].tolist()
     new = new[: new.index(2)] if 2 in new else new
     assert capsys.readouterr().out == model.tokenizer.decode(new, skip_special_tokens=True) + "\n"
+
+
+@pytest.mark.slow
+def test_chat_compiled_replies_as_eager_and_reports_each_compile(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from attnkit.generation import compiled
+
+    monkeypatch.setattr(compiled, "MODE", "default")  # no autotuning: tests/generation/test_compiled.py says why
+    chat_model(tmp_path)
+    argv = ["chat", "--model", str(tmp_path / "chat"), "--message", "the cat", "--message", "the dog"]
+    argv += ["--max-new-tokens", "5"]
+    eager = output_lines(capsys, argv)
+    before = len(compiled.COMPILES)
+    assert main([*argv, "--compile"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == eager
+    reported = [line for line in captured.err.splitlines() if line.startswith("compiled the decoding step (")]
+    assert len(reported) == len(compiled.COMPILES) - before >= 1  # each compile once, after the reply it served
 
 
 @pytest.mark.slow
