@@ -192,7 +192,7 @@ def _register() -> str:
         try:
             torch.ops.load_library(str(built))
             return "c++"
-        except OSError as err:
+        except (OSError, RuntimeError) as err:  # dlopen's error, or the dispatcher's
             built = f"cannot be loaded from {built} ({err})"
     log.info("the block op's C++ kernel: %s; its products pass through Python (about 25 µs a call more)", built)
     _LIBRARY.impl("block_matmul", _run_avx2, "CPU")
