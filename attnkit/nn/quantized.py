@@ -146,11 +146,16 @@ class BlockLinear(Quantized):
             self.packed = kernels.pack(self.layout, self.blocks, self.block_scales, self.block_mins)
         self._packed_from = self._versions()
 
+    def refresh(self) -> None:
+        """:meth:`repack` if the blocks changed in place since they were packed (a load)."""
+        if self._packed_from != self._versions():
+            self.repack()
+
     def weights(self) -> kernels.Weight:
         """The blocks as :func:`attnkit.kernels.block_matmuls` takes them, packed where they can be
-        (packed again first if the blocks changed since; under ``torch.compile`` as they are)."""
-        if not torch.compiler.is_compiling() and self._packed_from != self._versions():
-            self.repack()
+        (:meth:`refresh`-ed first; under ``torch.compile`` as they are)."""
+        if not torch.compiler.is_compiling():
+            self.refresh()
         return self.blocks, self.block_scales, self.block_mins, self.packed
 
     def forward(self, x: Tensor) -> Tensor:
@@ -178,7 +183,7 @@ def repack_changed(model: nn.Module) -> None:
     (:func:`attnkit.generation.compiled.check_weights`), and make it compile again."""
     for module in model.modules():
         if isinstance(module, BlockLinear):
-            module.weights()
+            module.refresh()
 
 
 def shell(layout: str, in_features: int, out_features: int, bias: bool) -> Quantized:
