@@ -17,10 +17,17 @@ Freezing copies the weights into the graph: change a model's weights after a com
 decode and the next one compiles again (:func:`check_weights` compares the weights' versions,
 storage and a sample of their elements; :func:`forget` drops every graph). Graphs of models
 no longer used stay in dynamo's cache, holding their weights, until :func:`forget`.
+
+dynamo checks its guards before every step: on GPT-2 some 3,700 of them read the model's modules
+(each attribute, hook dict and weight it traced), 0.6 ms of a 6.3 ms token, 1.7 ms in all
+measured end to end (int4, AVX512-BF16 class). A step keeps one of them, the identity of one of
+the model's weights (which ties each graph to its own model), and :func:`check_weights` checks
+the rest once per decode instead: the weights as above, and each module's attributes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import warnings
@@ -85,6 +92,34 @@ def _fingerprint(model: nn.Module) -> tuple[Any, ...]:
     return tuple(prints)
 
 
+def _attributes(model: nn.Module) -> tuple[Any, ...]:
+    """Each module's public attributes (a flag, a size, the config): plain values and dataclasses
+    as they are, anything else by identity (a function, a tokenizer), tensors by storage and
+    version."""
+    prints = []
+    for module in model.modules():
+        for name, value in vars(module).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(value, Tensor):
+                value = (value.data_ptr(), value._version)
+            elif not (isinstance(value, (bool, int, float, str, type(None))) or dataclasses.is_dataclass(value)):
+                value = id(value)
+            prints.append((id(module), name, value))
+    return tuple(prints)
+
+
+def _keep_guards(entries: list[Any]) -> list[bool]:
+    """dynamo's ``guard_filter_fn``: which guards a compiled step checks at every call (the module
+    docstring). All but those on the model's modules, of which the first identity of a weight;
+    all of them where there is none (nothing else would tell this model's graph from another's)."""
+    on_modules = [entry.orig_guard.source.is_unspecialized_nn_module() for entry in entries]
+    identity = next((i for i, entry in enumerate(entries) if on_modules[i] and entry.guard_type == "ID_MATCH"), None)
+    if identity is None:
+        return [True] * len(entries)
+    return [not on_module or i == identity for i, on_module in enumerate(on_modules)]
+
+
 def _shape(arg: Any) -> Any:
     if isinstance(arg, Tensor):
         return tuple(arg.shape), arg.dtype
@@ -92,11 +127,12 @@ def _shape(arg: Any) -> Any:
 
 
 def check_weights(model: nn.Module) -> None:
-    """Before a compiled decode: forget every compiled graph if ``model``'s weights changed
-    since its graphs were compiled (they hold the old ones as constants)."""
-    now, compiled_with = _fingerprint(model), _weights.get(id(model))
+    """Before a compiled decode: forget every compiled graph if ``model``'s weights or its
+    modules' attributes changed since its graphs were compiled (they hold the old weights as
+    constants, and their guards do not read the modules: :func:`_keep_guards`)."""
+    now, compiled_with = (_fingerprint(model), _attributes(model)), _weights.get(id(model))
     if compiled_with is not None and compiled_with != now:
-        log.info("the model's weights changed since its decoding step was compiled: it compiles again")
+        log.info("the model's weights or attributes changed since its decoding step was compiled: it compiles again")
         forget()
     _weights[id(model)] = now
 
@@ -119,7 +155,8 @@ def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
     steps = model.__dict__.setdefault("_compiled_steps", {})
     compiled = steps.get((id(model), fn))
     if compiled is None:
-        compiled = steps[(id(model), fn)] = torch.compile(lambda *a: fn(model, *a), dynamic=False, mode=MODE)
+        options = {**torch._inductor.list_mode_options(MODE), "guard_filter_fn": _keep_guards}
+        compiled = steps[(id(model), fn)] = torch.compile(lambda *a: fn(model, *a), dynamic=False, options=options)
     weight = next(model.parameters())
     key = (id(model), fn, weight.dtype, weight.device, tuple(_shape(a) for a in args))
     if key in _seen:

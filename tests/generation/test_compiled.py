@@ -6,7 +6,9 @@
 * Compiled, every step's logits equal the eager step's to float tolerance (inductor fuses the
   reductions and rounds differently: fp32 within 1e-4), fed the same tokens; greedy and
   seeded sampling (no row ending early) give the eager tokens on these models.
-* A graph compiles once per model and shape, and again when the weights changed in place.
+* A graph compiles once per model and shape, and again when the weights or a module's attribute
+  changed; two models of one architecture never share a graph (the step's guards skip the
+  modules but for one weight's identity).
 * Beam search, reordering and a prompt longer than the fixed cache are refused in one line.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,6 +26,7 @@ from test_greedy_sampling import (
     hf_gpt2,
     hf_marian,
     left_padded_mask,
+    preset_model,
     random_ids,
     right_padded_mask,
     shared_model,
@@ -154,6 +158,35 @@ def test_a_graph_compiles_once_per_shape_and_again_for_new_weights() -> None:
         for p in copied.parameters():
             p.mul_(-1.3)
     assert torch.equal(copied.generate(ids, max_new_tokens=6, compile=True), copied.generate(ids, max_new_tokens=6))
+
+
+def test_models_of_one_architecture_keep_their_own_graphs_and_an_attribute_change_compiles_again() -> None:
+    first, second = copy_of(shared_model("gpt-tiny")), preset_model("gpt-tiny", seed=1)
+    ids = random_ids(1, (2, 5), first.config.vocab_size)
+    for model in (first, second, first):
+        assert torch.equal(model.generate(ids, max_new_tokens=6, compile=True), model.generate(ids, max_new_tokens=6))
+    before = len(compiled.COMPILES)
+    attention = first.decoder.layers[0].self_attn
+    attention.scale *= 3.0  # no weight changes: only the module's attribute tells
+    assert torch.equal(first.generate(ids, max_new_tokens=6, compile=True), first.generate(ids, max_new_tokens=6))
+    assert len(compiled.COMPILES) == before + 1
+
+
+def test_the_step_keeps_every_guard_where_none_ties_it_to_its_model() -> None:
+    class Source:
+        def __init__(self, on_module: bool) -> None:
+            self.on_module = on_module
+
+        def is_unspecialized_nn_module(self) -> bool:
+            return self.on_module
+
+    def entry(kind: str, on_module: bool) -> SimpleNamespace:
+        return SimpleNamespace(guard_type=kind, orig_guard=SimpleNamespace(source=Source(on_module)))
+
+    kinds = [("TENSOR_MATCH", False), ("TYPE_MATCH", True), ("ID_MATCH", True), ("ID_MATCH", True)]
+    entries = [entry(kind, on_module) for kind, on_module in kinds]
+    assert compiled._keep_guards(entries) == [True, False, True, False]
+    assert compiled._keep_guards(entries[:2]) == [True, True]
 
 
 @pytest.mark.parametrize("name", ["transformer-tiny", "t5-tiny"])
