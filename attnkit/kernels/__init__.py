@@ -9,9 +9,9 @@ product and each block's integer dot product is taken with AVX2's ``vpmaddubsw``
 (``blocks_avx2.c``): the same kernel runs on AVX512 CPUs, which have AVX2 too.
 ``block_matmuls`` takes several weights that meet one input (attention's q, k and v; a gated
 FFN's gate and up) in one call: at batch 1 a small product costs more in its call than in its
-arithmetic. The 4-bit formats' blocks also come packed (:func:`pack`: eight rows interleaved, as
-llama.cpp's REPACK holds them), which the kernel reads 2-4x faster than fp32 ``F.linear`` at
-every row count. Blocks that are not packed, from ``DENSE_ROWS`` activation rows on (a batch,
+arithmetic. The blocks also come packed (:func:`pack`: eight rows interleaved, as llama.cpp's
+REPACK holds them), which the kernel reads faster than fp32 ``F.linear`` at every row count
+measured (4-bit 2-4x; q8_0 1.1-4.5x, from 1 to 512 rows). Blocks that are not packed, from ``DENSE_ROWS`` activation rows on (a batch,
 beams, a prompt), are dequantised and multiplied dense in fp32 instead, where their integer
 products lose to fp32.
 
@@ -50,6 +50,7 @@ from attnkit.kernels.blocks import (
     dequantize,
     matmul_reference,
     pack,
+    packed_bytes,
     quantize,
     quantize_activations,
 )
@@ -79,8 +80,9 @@ KERNELS = ("auto", "avx2", "reference")
 # From this many activation rows on (a batch, beams, a prompt), a product of unpacked blocks
 # dequantises them and multiplies dense in fp32: at 32 rows that wins over the integer dot
 # products on every shape measured, at 16 it loses on most. Packed blocks stay integer at every
-# row count: they beat fp32 itself from 1 to 2,048 rows (`python -m benchmarks blocks`,
-# docs/performance.md).
+# row count: they beat fp32 itself from 1 to 2,048 rows (4-bit; q8_0 from 1 to 512 measured:
+# `python -m benchmarks blocks`, docs/performance.md). Only rows beyond a weight's last group of
+# 8 are ever unpacked.
 DENSE_ROWS = 32
 _CODES = {name: code for code, name in enumerate(FORMATS)}  # blocks_avx2.c's enum
 
@@ -269,7 +271,7 @@ def _status(status: int) -> None:
     if status != 0:
         raise RuntimeError(
             f"the AVX2 block kernel failed (status {status}: 1 = k not a multiple of 32, 2 = no memory, "
-            "4 = more than 8 weights, 5 = packed q8_0)"
+            "4 = more than 8 weights)"
         )
 
 
@@ -325,7 +327,7 @@ def block_matmuls(x: Tensor, format: str, weights: Sequence[Weight], kernel: str
         if (format == "q4_1") != (m is not None):
             raise ValueError(f"{format} takes {'its' if format == 'q4_1' else 'no'} block minima m")
         if packed and packed[0] is not None:
-            size = (data.shape[0] // 8) * (k // BLOCK) * 160 if format != "q8_0" else 0  # pieces, scales, minima
+            size = (data.shape[0] // 8) * (k // BLOCK) * packed_bytes(format)
             if packed[0].dtype != torch.uint8 or packed[0].numel() != size or not size:
                 raise ValueError(
                     f"packed holds {packed[0].numel()} bytes of {packed[0].dtype} where kernels.pack gives "

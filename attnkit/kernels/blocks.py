@@ -103,20 +103,28 @@ def dequantize(format: str, data: Tensor, d: Tensor, m: Tensor | None = None) ->
 PACKED_ROWS = 8  # the rows a packed group interleaves
 
 
+def packed_bytes(format: str) -> int:
+    """The bytes :func:`pack` gives per group of 8 rows and block: their values, fp16 scales and
+    (4-bit) minima."""
+    check(format)
+    return PACKED_ROWS * (BLOCK * BITS[format] // 8 + (2 if format == "q8_0" else 4))
+
+
 def pack(format: str, data: Tensor, d: Tensor, m: Tensor | None = None) -> Tensor | None:
-    """A 4-bit weight's first ``n // 8`` groups of 8 rows in the C kernel's packed layout, as one
-    uint8 tensor; None for q8_0 or fewer than 8 rows (the kernel takes those rows, and any rest,
-    from the blocks as they are). A pure rearrangement, nothing requantised: the 4-byte pieces of
-    each block of 8 rows, interleaved (group, block, piece, row), then the rows' scales and their
-    minima (q4_0's are ``-8 d``, exact in fp16), each (group, block, row)."""
+    """A weight's first ``n // 8`` groups of 8 rows in the C kernel's packed layout, as one uint8
+    tensor; None for fewer than 8 rows (the kernel takes those rows, and any rest, from the
+    blocks as they are). A pure rearrangement, nothing requantised: the 4-byte pieces of each
+    block of 8 rows (4 of a 4-bit block's 16 bytes, 8 of q8_0's 32), interleaved (group, block,
+    piece, row), then the rows' scales and, 4-bit, their minima (q4_0's are ``-8 d``, exact in
+    fp16), each (group, block, row)."""
     check(format)
     groups = data.shape[0] // PACKED_ROWS
-    if format == "q8_0" or groups == 0:
+    if groups == 0:
         return None
     rows, blocks = groups * PACKED_ROWS, d.shape[1]
-    pieces = data[:rows].contiguous().view(torch.int32).view(groups, PACKED_ROWS, blocks, 4).permute(0, 2, 3, 1)
-    mins = m if format == "q4_1" else -8 * d
-    sides = [t[:rows].reshape(groups, PACKED_ROWS, blocks).transpose(1, 2) for t in (d, mins)]
+    pieces = data[:rows].contiguous().view(torch.int32).view(groups, PACKED_ROWS, blocks, -1).permute(0, 2, 3, 1)
+    sides = [d] if format == "q8_0" else [d, m if format == "q4_1" else -8 * d]
+    sides = [t[:rows].reshape(groups, PACKED_ROWS, blocks).transpose(1, 2) for t in sides]
     return torch.cat([t.contiguous().view(torch.uint8).flatten() for t in (pieces, *sides)])
 
 

@@ -13,13 +13,15 @@
  * directly, and its offset adds mn · d_a · Σa per block. Output rows are shared among OpenMP
  * threads (the process's libgomp, torch's: one team).
  *
- * The 4-bit formats also come packed (attnkit.kernels.pack), as llama.cpp's REPACK holds them:
+ * Every format also comes packed (attnkit.kernels.pack), as llama.cpp's REPACK holds them:
  * eight rows at a time, each block's 4-byte pieces interleaved so that 32-bit lane j of a load
- * holds 4 bytes of row j (their low nibbles 4 values, their high nibbles the 4 that are 16 on),
- * and the eight rows' scales and minima side by side (Q4_0 as Q4_1 with mn = -8 d). Four bytes
- * of the activations broadcast to every lane meet all eight rows in one vpmaddubsw, so a block's
- * eight dot products need no horizontal sums and its scales convert as one vector. A block's
- * eight vpmaddubsw sums are added as int16 (8 · 2 · 15 · 127 < 2^15) before one vpmaddwd. Several weights that meet one input go in
+ * holds 4 bytes of row j (4-bit: their low nibbles 4 values, their high nibbles the 4 that are
+ * 16 on; Q8_0: 4 values), and the eight rows' scales (and 4-bit minima) side by side (Q4_0 as
+ * Q4_1 with mn = -8 d). Four bytes of the activations broadcast to every lane meet all eight
+ * rows in one vpmaddubsw, so a block's eight dot products need no horizontal sums and its scales
+ * convert as one vector. A 4-bit block's eight vpmaddubsw sums are added as int16
+ * (8 · 2 · 15 · 127 < 2^15) before one vpmaddwd; Q8_0's go to int32 one by one (2 · 127 · 127
+ * leaves no room), its weights taking the activations' signs. Several weights that meet one input go in
  * one call; for many activation rows, attnkit_block_dequantize gives the fp32 weights for a
  * dense product instead. Built by attnkit.kernels with -mavx2 -mfma -mf16c. */
 #include <immintrin.h>
@@ -142,6 +144,31 @@ static inline void dot_packed(const uint8_t *packed, int64_t groups, int64_t g, 
     _mm256_storeu_ps(out + 8 * g, acc);
 }
 
+/* dot_packed for Q8_0: the pieces (g, b, s, j) of 4 bytes (s < 8), then the scales (g, b, j). */
+static inline void dot_packed_q8(const uint8_t *packed, int64_t groups, int64_t g, const int8_t *a, const float *ad,
+                                 int64_t k, float *out) {
+    const int64_t blocks = k / BLOCK;
+    const uint8_t *pieces = packed + g * blocks * 256;
+    const uint16_t *scales = (const uint16_t *)(packed + groups * blocks * 256) + g * blocks * 8;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *p = pieces + b * 256;
+        const int8_t *ab = a + b * BLOCK;
+        __m256i sums = _mm256_setzero_si256();
+        for (int s = 0; s < 8; s++) {
+            int32_t four;  /* the activations' bytes 4 s .. 4 s + 3 */
+            __builtin_memcpy(&four, ab + 4 * s, 4);
+            const __m256i x = _mm256_set1_epi32(four);
+            const __m256i w = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(p + 32 * s)), x);
+            sums = _mm256_add_epi32(sums, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), w), ones));
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + b * 8)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_set1_ps(ad[b])), acc);
+    }
+    _mm256_storeu_ps(out + 8 * g, acc);
+}
+
 /* The products of one activation matrix with ``count`` weights, out (m, Σ n_i) = x · [w_0; w_1; …]ᵀ:
  * q, k and v, or an FFN's gate and up, in one call, their rows shared among the threads as one
  * list of groups of 4 (a layer's whole work in one OpenMP region, its activations quantised once). */
@@ -164,9 +191,13 @@ static inline __attribute__((always_inline)) void matmul(int format, const int8_
         while (u >= first[i + 1]) i++;
         const int64_t g = u - first[i];
         if (g < eights[i]) {  /* a packed group of 8 rows */
-            for (int64_t r = 0; r < m; r++)
-                dot_packed(packed[i], eights[i], g, xq + r * k, xd + r * blocks, xs + r * blocks, k,
-                           out + r * width + column[i]);
+            for (int64_t r = 0; r < m; r++) {
+                float *row = out + r * width + column[i];
+                if (format == Q8_0)
+                    dot_packed_q8(packed[i], eights[i], g, xq + r * k, xd + r * blocks, k, row);
+                else
+                    dot_packed(packed[i], eights[i], g, xq + r * k, xd + r * blocks, xs + r * blocks, k, row);
+            }
             continue;
         }
         const int64_t j = 8 * eights[i] + 4 * (g - eights[i]);  /* the rest, 4 rows at a time */
@@ -184,17 +215,15 @@ static inline __attribute__((always_inline)) void matmul(int format, const int8_
 }
 
 /* out (m, Σ n_i) = x (m, k) · [w_0; …; w_{count-1}]ᵀ, each w_i (n_i, k) in ``format``'s blocks
- * (wm: Q4_1's minima, else unused) and, for a 4-bit format, packed[i] its first n_i / 8 groups
- * of 8 rows packed (or NULL), 1 <= count <= 8. Returns 0, 1 where k is not a multiple of 32,
- * 2 without memory, 3 for an unknown format, 4 for a count out of range, 5 for packed Q8_0. */
+ * (wm: Q4_1's minima, else unused) and packed[i] its first n_i / 8 groups of 8 rows packed (or
+ * NULL), 1 <= count <= 8. Returns 0, 1 where k is not a multiple of 32, 2 without memory, 3 for
+ * an unknown format, 4 for a count out of range. */
 int attnkit_block_matmul(int format, const float *x, int count, const uint8_t *const *w, const uint16_t *const *wd,
                          const uint16_t *const *wm, const uint8_t *const *packed, const int64_t *n, float *out,
                          int64_t m, int64_t k) {
     if (k % BLOCK) return 1;
     if (format != Q8_0 && format != Q4_0 && format != Q4_1) return 3;
     if (count < 1 || count > 8) return 4;
-    for (int i = 0; i < count; i++)
-        if (format == Q8_0 && packed[i]) return 5;
     /* the quantised activations: one buffer per thread, kept and grown (no allocation per call) */
     static _Thread_local int8_t *xq = NULL;
     static _Thread_local float *xd = NULL;

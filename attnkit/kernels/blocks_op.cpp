@@ -30,8 +30,7 @@ int format_code(std::string_view format) {  // blocks_avx2.c's enum, kernels.FOR
 
 void check_status(int status) {
     TORCH_CHECK(status == 0, "the AVX2 block kernel failed (status ", status,
-                ": 1 = k not a multiple of 32, 2 = no memory, 3 = unknown format, 4 = more than 8 weights, "
-                "5 = packed q8_0)");
+                ": 1 = k not a multiple of 32, 2 = no memory, 3 = unknown format, 4 = more than 8 weights)");
 }
 
 // x (m, k) fp32 times the weights' blocks side by side: (m, sum n_i), as kernels._run_avx2.

@@ -106,8 +106,8 @@ class BlockLinear(Quantized):
     """Weights in llama.cpp's blocks of 32 (``layout``: q8_0, q4_0 or q4_1; :mod:`attnkit.kernels.blocks`)
     times fp32 activations through :func:`attnkit.kernels.block_matmuls` (:func:`products` of one layer).
 
-    A 4-bit layer also holds its blocks packed for the AVX2 kernel (:func:`attnkit.kernels.pack`,
-    2-3x faster per product at batch 1), where that kernel runs: ``packed``, a buffer that is not
+    A layer also holds its blocks packed for the AVX2 kernel (:func:`attnkit.kernels.pack`, 2-3x
+    faster per product at batch 1), where that kernel runs: ``packed``, a buffer that is not
     saved (the blocks are), made again when the blocks change in place (a load). It doubles the
     layer's memory, as llama.cpp's repacking would not: a next step is to keep the packed copy
     alone."""
@@ -138,9 +138,9 @@ class BlockLinear(Quantized):
         return tuple(t._version for t in (self.blocks, self.block_scales, self.block_mins) if t is not None)
 
     def repack(self) -> None:
-        """Pack the blocks for the AVX2 kernel where it runs (4-bit layouts, on the CPU), else hold none."""
+        """Pack the blocks for the AVX2 kernel where it runs (on the CPU), else hold none."""
         cpu = self.blocks.device.type == "cpu"
-        if self.layout == "q8_0" or not cpu or not kernels.available("avx2"):
+        if not cpu or not kernels.available("avx2"):
             self.packed = None
         else:
             self.packed = kernels.pack(self.layout, self.blocks, self.block_scales, self.block_mins)

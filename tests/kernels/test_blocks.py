@@ -1,6 +1,6 @@
 """The block kernel of attnkit.kernels: the AVX2 C code (forced, where this CPU runs it) equal to
-its PyTorch reference for every format on odd shapes at batch 1 and 8, the 4-bit formats'
-packed groups too; each format's blocks
+its PyTorch reference for every format on odd shapes at batch 1 and 8, their packed groups too;
+each format's blocks
 within a step of the weights they quantise; the reference equal to the product of the
 dequantised activations and weights; the op's C++ kernel and its Python fallback equal; a
 kernel that cannot run named in one line."""
@@ -48,11 +48,8 @@ def test_the_avx2_kernel_equals_the_reference(fmt: str, m: int, n: int, k: int) 
     assert_close(kernels.block_matmul(x, fmt, *weight), expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
 
 
-FOUR_BIT = [f for f in kernels.FORMATS if f != "q8_0"]
-
-
 @needs_avx2
-@pytest.mark.parametrize("fmt", FOUR_BIT)
+@pytest.mark.parametrize("fmt", kernels.FORMATS)
 @pytest.mark.parametrize("m", [1, 8, kernels.DENSE_ROWS + 3])
 @pytest.mark.parametrize(("n", "k"), [(37, 50), (129, 100), (8, 32), (300, 777)])
 def test_the_packed_blocks_give_the_reference(fmt: str, m: int, n: int, k: int) -> None:
@@ -60,7 +57,8 @@ def test_the_packed_blocks_give_the_reference(fmt: str, m: int, n: int, k: int) 
     reference, alone and beside unpacked weights in one call, integer at every row count."""
     x, weight, _ = operands(fmt, m, n, k)
     packed = kernels.pack(fmt, *weight)
-    assert packed.dtype == torch.uint8 and packed.numel() == (n // 8) * (x.shape[1] // 32) * 160
+    per_block = {"q8_0": 8 * 32 + 8 * 2, "q4_0": 8 * 16 + 8 * 4, "q4_1": 8 * 16 + 8 * 4}[fmt]  # values, d, (mins)
+    assert packed.dtype == torch.uint8 and packed.numel() == (n // 8) * (x.shape[1] // 32) * per_block
     expected = kernels.matmul_reference(x, fmt, *weight)
     assert_close(kernels.block_matmul(x, fmt, *weight, kernel="reference", packed=packed), expected)
     got = kernels.block_matmul(x, fmt, *weight, kernel="avx2", packed=packed)
@@ -71,20 +69,23 @@ def test_the_packed_blocks_give_the_reference(fmt: str, m: int, n: int, k: int) 
     assert_close(both, alone, atol=1e-5 * alone.abs().max().item(), rtol=1e-5)
 
 
-@pytest.mark.parametrize("fmt", FOUR_BIT)
+@pytest.mark.parametrize("fmt", kernels.FORMATS)
 def test_packing_rearranges_the_blocks(fmt: str) -> None:
     """Each packed group holds its 8 rows' 4-byte pieces, lane by lane, then their scales and
-    minima (q4_0's -8 d): read back by hand, the blocks as they were."""
+    (4-bit) minima (q4_0's -8 d): read back by hand, the blocks as they were."""
     _, (data, d, m), _ = operands(fmt, 1, 19, 64)
     packed = kernels.pack(fmt, data, d, m)
-    groups, blocks_per_row = 2, 2
-    pieces = packed[: groups * blocks_per_row * 128].view(torch.int32).view(groups, blocks_per_row, 4, 8)
-    assert torch.equal(pieces.permute(0, 3, 1, 2).reshape(16, -1).contiguous().view(torch.uint8), data[:16])
-    sides = packed[groups * blocks_per_row * 128 :].view(torch.float16).view(2, groups, blocks_per_row, 8)
-    scales, mins = (t.permute(0, 2, 1).reshape(16, blocks_per_row) for t in sides)
+    groups, blocks_per_row, pieces_per_block = 2, 2, 8 if fmt == "q8_0" else 4
+    size = groups * blocks_per_row * pieces_per_block * 4 * 8
+    pieces = packed[:size].view(torch.int32).view(groups, blocks_per_row, pieces_per_block, 8)
+    as_stored = pieces.permute(0, 3, 1, 2).reshape(16, -1).contiguous().view(data.dtype)
+    assert torch.equal(as_stored, data[:16])
+    sides = packed[size:].view(torch.float16).view(-1, groups, blocks_per_row, 8)
+    assert len(sides) == (1 if fmt == "q8_0" else 2)
+    scales, *mins = (t.permute(0, 2, 1).reshape(16, blocks_per_row) for t in sides)
     assert torch.equal(scales, d[:16])
-    assert torch.equal(mins, m[:16] if fmt == "q4_1" else -8 * d[:16])
-    assert kernels.pack("q8_0", *kernels.quantize(torch.ones(16, 32), "q8_0")) is None
+    if fmt != "q8_0":
+        assert torch.equal(mins[0], m[:16] if fmt == "q4_1" else -8 * d[:16])
     assert kernels.pack(fmt, data[:7], d[:7], None if m is None else m[:7]) is None
 
 
@@ -93,7 +94,7 @@ def test_packed_blocks_that_do_not_fit_are_refused() -> None:
     with pytest.raises(ValueError, match=r"packed holds 3 bytes of torch.uint8 where kernels.pack gives 640"):
         kernels.block_matmul(x, "q4_0", *weight, packed=torch.zeros(3, dtype=torch.uint8))
     q8 = kernels.quantize(torch.ones(16, 64), "q8_0")
-    with pytest.raises(ValueError, match=r"gives none for this q8_0 weight"):
+    with pytest.raises(ValueError, match=r"packed holds 640 bytes of torch.uint8 where kernels.pack gives 1088"):
         kernels.block_matmul(x, "q8_0", *q8, packed=kernels.pack("q4_0", *weight))
 
 

@@ -87,9 +87,9 @@ def test_a_quantised_layer_equals_the_dequantised_product(layout: str) -> None:
         assert_close(got.reshape(-1, 40), exact, atol=1e-5 * exact.abs().max().item(), rtol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["q4_0", "q4_1"])
-def test_a_4bit_layer_packs_its_blocks_again_when_they_change(layout: str) -> None:
-    """Where the AVX2 kernel runs, a 4-bit layer reads packed blocks (not saved); blocks copied
+@pytest.mark.parametrize("layout", kernels.FORMATS)
+def test_a_layer_of_blocks_packs_them_again_when_they_change(layout: str) -> None:
+    """Where the AVX2 kernel runs, a layer reads packed blocks (not saved); blocks copied
     in afterwards, as a load copies them, are packed again before the next product."""
     torch.manual_seed(0)
     first, second = torch.nn.Linear(64, 24, bias=False), torch.nn.Linear(64, 24, bias=False)
