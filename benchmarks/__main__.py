@@ -104,6 +104,13 @@ def _compile_seconds(floor: dict) -> str:
     return f"{floor['compile_seconds']:.1f}" if "compile_seconds" in floor else "—"
 
 
+def _pays_off(floor: dict) -> str:
+    if "compile_seconds" not in floor:
+        return "—"
+    tokens = floor.get("pays_off_after_tokens")
+    return "never (not faster)" if tokens is None else f"{tokens:,.0f} tokens"
+
+
 def _compiled(row: dict) -> str:
     return f"yes ({row['graphs']}, {row['compile_seconds']:.0f} s)" if row["compiled"] else "no"
 
@@ -112,10 +119,11 @@ def _floors(floors: dict) -> list[str]:
     """The table of each format's floor against its measured time per token."""
     return [
         f"### Batch-1 floors ({floors['bandwidth_gb_s']:.0f} GB/s read bandwidth)", "",
-        "| format | weight bytes a token reads | floor ms/token | measured ms/token | × the floor | compile s |",
-        "|---|---|---|---|---|---|",
+        "| format | weight bytes a token reads | floor ms/token | measured ms/token | × the floor | compile s "
+        "| the compile pays off after |",
+        "|---|---|---|---|---|---|---|",
         *(f"| {fmt} | {f['weight_bytes'] / 1e6:,.0f} MB | {f['floor_ms']:.2f} | {f['ms_per_token']:.2f} | "
-          f"{f['ms_per_token'] / f['floor_ms']:.2f} | {_compile_seconds(f)} |"
+          f"{f['ms_per_token'] / f['floor_ms']:.2f} | {_compile_seconds(f)} | {_pays_off(f)} |"
           for fmt, f in floors.items() if isinstance(f, dict) and "floor_ms" in f),
     ]  # fmt: skip
 

@@ -46,7 +46,9 @@ import torch
 
 import attnkit
 from attnkit.generation.batches import pad_right
+from attnkit.kernels.blocks import PACKED_ROWS
 from attnkit.machine import keep_freed_memory
+from attnkit.nn.quantized import BlockLinear
 from benchmarks.common import Comparison, round_robin
 from benchmarks.ct2_worker import Worker
 from benchmarks.generation import _hf_gpt2, _hf_options
@@ -72,12 +74,23 @@ def bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of the matrices a decoded token reads: every parameter and buffer but the
     embedding tables, of which a token reads one row (the vocabulary projection is counted,
-    as the head's own quantised copy or as the tied table)."""
+    as the head's own quantised copy or as the tied table), and but the blocks of the rows that
+    a packed copy holds (the kernel reads that copy instead)."""
     total = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     tables = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
     quantised_head = getattr(model.head, "proj", None) is not None
     lookups = sum(t.numel() * t.element_size() for t in tables)
-    return total - lookups + (0 if quantised_head else tables[0].numel() * tables[0].element_size())
+    unread = sum(_packed_rows_bytes(m) for m in model.modules() if isinstance(m, BlockLinear))
+    return total - lookups - unread + (0 if quantised_head else tables[0].numel() * tables[0].element_size())
+
+
+def _packed_rows_bytes(layer: BlockLinear) -> int:
+    """The bytes of ``layer``'s blocks, scales and minima in the rows its packed copy holds."""
+    if layer.packed is None:
+        return 0
+    rows = layer.blocks.shape[0] // PACKED_ROWS * PACKED_ROWS
+    held = [t for t in (layer.blocks, layer.block_scales, layer.block_mins) if t is not None]
+    return sum(t[:rows].numel() * t.element_size() for t in held)
 
 
 def formats() -> list[str]:
@@ -140,8 +153,9 @@ def _floors(
     compile_seconds: dict[str, float], small: bool, peer: str,
 ) -> dict:  # fmt: skip
     """Each format's floor on this machine (the bytes of weights a token reads over the measured
-    read bandwidth) beside its measured time per token, eager and compiled; the notes of its rows
-    against ``peer`` say the same."""
+    read bandwidth) beside its measured time per token, eager and compiled, and the tokens after
+    which the compiled step's compile has paid for itself; the notes of its rows against ``peer``
+    say the same."""
     per_second = bandwidth(64 if small else 512)
     floors: dict = {"bandwidth_gb_s": per_second / 1e9}
     for fmt, model in models.items():
@@ -153,7 +167,10 @@ def _floors(
             for result in results:
                 if result.case.endswith(name) and result.peer_name == peer:
                     result.notes.update({"ms/token": ms, "floor ms/token": floor_ms, "× the floor": ms / floor_ms})
-        floors[f"{fmt} compiled"]["compile_seconds"] = compile_seconds[fmt]
+        compiled = floors[f"{fmt} compiled"]
+        compiled["compile_seconds"] = compile_seconds[fmt]
+        saved_ms = floors[fmt]["ms_per_token"] - compiled["ms_per_token"]  # a token's, compiled against eager
+        compiled["pays_off_after_tokens"] = 1000 * compile_seconds[fmt] / saved_ms if saved_ms > 0 else None
     return floors
 
 
