@@ -1,6 +1,6 @@
 """The block kernel against fp32 ``F.linear``, per product (issue: quantised decoding on every
-CPU): at each number of activation rows, the integer dot products (attnkit's AVX2 kernel) on the
-blocks as they are and packed (:func:`attnkit.kernels.pack`, 4-bit formats), and the dense path
+CPU), for Q4_1 and Q8_0: at each number of activation rows, the integer dot products (attnkit's
+AVX2 kernel) on the blocks as they are and packed (:func:`attnkit.kernels.pack`), and the dense path
 (the blocks dequantised, then one fp32 product), on the shapes of SmolLM2-135M and the demo
 translator. Where the dense path overtakes the integer one is ``kernels.DENSE_ROWS``."""
 
@@ -30,17 +30,21 @@ def _linear(x: torch.Tensor, w: torch.Tensor) -> None:
         F.linear(x, w)
 
 
-def run(repeats: int = 7, small: bool = False, fmt: str = "q4_1") -> list[Comparison]:
+def run(repeats: int = 7, small: bool = False, formats: tuple[str, ...] = ("q4_1", "q8_0")) -> list[Comparison]:
     if not kernels.available("avx2"):
         return []
-    results = []
     shapes = dict(list(SHAPES.items())[:1]) if small else SHAPES
+    return [result for fmt in formats for result in _run(fmt, shapes, repeats, small)]
+
+
+def _run(fmt: str, shapes: dict[str, tuple[int, int]], repeats: int, small: bool) -> list[Comparison]:
+    results = []
     for name, (n, k) in shapes.items():
         torch.manual_seed(0)
         w = torch.randn(n, k) / k**0.5
         blocks = kernels.quantize(w, fmt)
         packed = kernels.pack(fmt, *blocks)
-        paths = [("integer", False), ("dense", True)] + ([("packed", False)] if packed is not None else [])
+        paths = [("integer", False), ("dense", True), ("packed", False)]
         for rows in (1, 4) if small else (1, 2, 4, 8, 16, 32, 128, 512):
             x = torch.randn(rows, k)
             for path, dense in paths:
