@@ -234,8 +234,11 @@ def test_compiled_step_in_each_weight_format(
     compiled_logits = step_logits(model, ids, mask, new, compile=True)
     eager, got = (eager_logits - fp32).abs().max(), (compiled_logits - fp32).abs().max()
     assert got <= 1.5 * eager, f"compiled {weights} is {got:.3f} from fp32, eager {eager:.3f}"
-    if weights in ("int8-avx2", "int4"):  # fp32 activations through one op: only fusion's rounding differs
-        assert_close(compiled_logits, eager_logits, atol=1e-4 * fp32.abs().max().item(), rtol=0)
+    if weights in ("int8-avx2", "int4"):
+        # fp32 activations through one op: only fusion's rounding differs (~1e-7), which now and then
+        # moves an activation across a rounding boundary of its int8 block, one step of its scale:
+        # 2.3e-3 of the largest logit at one step of 13 here (int8, 2026-12-03), 1e-7 at the others.
+        assert_close(compiled_logits, eager_logits, atol=5e-3 * fp32.abs().max().item(), rtol=0)
     # int8 with fp32 activations quantises them per block of 32 as well: 10.3% here. int4 on this
     # random GPT-2 is 63% away: 4 bits of Gaussian noise compound over the steps (its quality is
     # measured on trained models in docs/performance.md).
