@@ -16,11 +16,11 @@ SHAPES = {"SmolLM2 q": (576, 576), "SmolLM2 gate": (1536, 576), "SmolLM2 down": 
 CALLS = 50  # products per timing: one takes microseconds
 
 
-def _products(x: torch.Tensor, fmt: str, blocks: tuple, dense_rows: int, packed: torch.Tensor | None) -> None:
+def _products(x: torch.Tensor, fmt: str, weight: tuple, dense_rows: int) -> None:
     kernels.DENSE_ROWS, saved = dense_rows, kernels.DENSE_ROWS
     try:
         for _ in range(CALLS):
-            kernels.block_matmul(x, fmt, *blocks, kernel="avx2", packed=packed)
+            kernels.block_matmuls(x, fmt, [weight], kernel="avx2")
     finally:
         kernels.DENSE_ROWS = saved
 
@@ -43,7 +43,7 @@ def _run(fmt: str, shapes: dict[str, tuple[int, int]], repeats: int, small: bool
         torch.manual_seed(0)
         w = torch.randn(n, k) / k**0.5
         blocks = kernels.quantize(w, fmt)
-        packed = kernels.pack(fmt, *blocks)
+        split = kernels.split(fmt, *blocks)
         paths = [("integer", False), ("dense", True), ("packed", False)]
         for rows in (1, 4) if small else (1, 2, 4, 8, 16, 32, 128, 512):
             x = torch.randn(rows, k)
@@ -51,8 +51,8 @@ def _run(fmt: str, shapes: dict[str, tuple[int, int]], repeats: int, small: bool
                 results.append(
                     compare(
                         f"{name} {n}×{k} {fmt}, {rows} rows, {path}",
-                        lambda x=x, b=blocks, d=1 if dense else rows + 1, p=packed if path == "packed" else None: (
-                            _products(x, fmt, b, d, p)
+                        lambda x=x, b=split if path == "packed" else blocks, d=1 if dense else rows + 1: (
+                            _products(x, fmt, b, d)
                         ),
                         lambda x=x, w=w: _linear(x, w),
                         work=CALLS * rows, unit="rows", peer_name="fp32 F.linear", repeats=repeats,

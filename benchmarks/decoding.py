@@ -46,9 +46,7 @@ import torch
 
 import attnkit
 from attnkit.generation.batches import pad_right
-from attnkit.kernels.blocks import PACKED_ROWS
 from attnkit.machine import keep_freed_memory
-from attnkit.nn.quantized import BlockLinear
 from benchmarks.common import Comparison, round_robin
 from benchmarks.ct2_worker import Worker
 from benchmarks.generation import _hf_gpt2, _hf_options
@@ -74,23 +72,13 @@ def bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of the matrices a decoded token reads: every parameter and buffer but the
     embedding tables, of which a token reads one row (the vocabulary projection is counted,
-    as the head's own quantised copy or as the tied table), and but the blocks of the rows that
-    a packed copy holds (the kernel reads that copy instead)."""
+    as the head's own quantised copy or as the tied table). A layer of blocks holds them once,
+    packed or not."""
     total = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     tables = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
     quantised_head = getattr(model.head, "proj", None) is not None
     lookups = sum(t.numel() * t.element_size() for t in tables)
-    unread = sum(_packed_rows_bytes(m) for m in model.modules() if isinstance(m, BlockLinear))
-    return total - lookups - unread + (0 if quantised_head else tables[0].numel() * tables[0].element_size())
-
-
-def _packed_rows_bytes(layer: BlockLinear) -> int:
-    """The bytes of ``layer``'s blocks, scales and minima in the rows its packed copy holds."""
-    if layer.packed is None:
-        return 0
-    rows = layer.blocks.shape[0] // PACKED_ROWS * PACKED_ROWS
-    held = [t for t in (layer.blocks, layer.block_scales, layer.block_mins) if t is not None]
-    return sum(t[:rows].numel() * t.element_size() for t in held)
+    return total - lookups + (0 if quantised_head else tables[0].numel() * tables[0].element_size())
 
 
 def formats() -> list[str]:

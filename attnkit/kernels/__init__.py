@@ -10,10 +10,11 @@ product and each block's integer dot product is taken with AVX2's ``vpmaddubsw``
 ``block_matmuls`` takes several weights that meet one input (attention's q, k and v; a gated
 FFN's gate and up) in one call: at batch 1 a small product costs more in its call than in its
 arithmetic. The blocks also come packed (:func:`pack`: eight rows interleaved, as llama.cpp's
-REPACK holds them), which the kernel reads faster than fp32 ``F.linear`` at every row count
-measured (4-bit 2-4x; q8_0 1.1-4.5x, from 1 to 512 rows). Blocks that are not packed, from ``DENSE_ROWS`` activation rows on (a batch,
-beams, a prompt), are dequantised and multiplied dense in fp32 instead, where their integer
-products lose to fp32.
+REPACK holds them; :func:`split`: the packed groups and the rows after them, the weight held
+once), which the kernel reads faster than fp32 ``F.linear`` at every row count measured (4-bit
+2-4x; q8_0 1.1-4.5x, from 1 to 512 rows). Blocks that are not packed, from ``DENSE_ROWS``
+activation rows on (a batch, beams, a prompt), are dequantised and multiplied dense in fp32
+instead, where their integer products lose to fp32.
 
 The kernel is plain C, no torch headers, built with the system's C compiler (``$CC``, else
 ``cc``: the compiler inductor needs too) in about a second and loaded with ``ctypes``. The op
@@ -53,6 +54,7 @@ from attnkit.kernels.blocks import (
     packed_bytes,
     quantize,
     quantize_activations,
+    unpack,
 )
 from attnkit.machine import cpu_flags
 
@@ -68,6 +70,10 @@ __all__ = [
     "pack",
     "quantize",
     "quantize_activations",
+    "rows",
+    "split",
+    "unpack",
+    "whole",
 ]
 
 log = logging.getLogger("attnkit.kernels")
@@ -218,8 +224,9 @@ def _auto() -> str:
     return "avx2" if available("avx2") else "reference"
 
 
-# One weight's blocks: data, d (fp16 scales), m (q4_1's minima), and optionally their packed
-# groups of 8 rows (:func:`pack`), which the C kernel reads instead where given.
+# One weight's blocks: data, d (fp16 scales), m (q4_1's minima), and optionally its packed groups
+# of 8 rows (:func:`pack`); where those are given, data, d and m hold only the rows after them
+# (the last n mod 8: :func:`split`).
 Weight = tuple[Tensor, Tensor, "Tensor | None"] | tuple[Tensor, Tensor, "Tensor | None", "Tensor | None"]
 _NONE = torch.empty(0, dtype=torch.uint8)  # no packed groups: the op's lists hold tensors only
 
@@ -227,14 +234,31 @@ _NONE = torch.empty(0, dtype=torch.uint8)  # no packed groups: the op's lists ho
 _PLANS: dict[tuple[int, ...], tuple] = {}  # the C arguments of each set of weights, by their addresses
 
 
-def _plan(data: list[Tensor], d: list[Tensor], m: list[Tensor], packed: list[Tensor]) -> tuple:
+def split(format: str, data: Tensor, d: Tensor, m: Tensor | None = None) -> Weight:
+    """A weight's blocks as the kernel reads them fastest: its groups of 8 rows packed
+    (:func:`pack`) and its other rows (the last n mod 8) as they are, ``(data, d, m, packed)``;
+    the blocks unchanged, with no packed groups, where it has fewer than 8 rows."""
+    packed = pack(format, data, d, m)
+    if packed is None:
+        return data, d, m, None
+    rows = data.shape[0] // 8 * 8
+    rest = [None if t is None else t[rows:].clone() for t in (data, d, m)]
+    return rest[0], rest[1], rest[2], packed
+
+
+def rows(format: str, data: Tensor, packed: Tensor | None, k: int) -> int:
+    """The rows of a weight of ``k`` inputs held as ``data`` and, if any, ``packed`` groups of 8."""
+    return data.shape[0] + (0 if packed is None else 8 * (packed.numel() // ((k // BLOCK) * packed_bytes(format))))
+
+
+def _plan(format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor], packed: list[Tensor], k: int) -> tuple:
     """The C arrays of the weights' addresses and row counts, the total row count and whether any
     is packed: built once per set of weights (a model's weights stay put), looked up by address."""
-    key = (*(t.data_ptr() for t in (*data, *d, *m, *packed)), *(t.shape[0] for t in data))
+    key = (*(t.data_ptr() for t in (*data, *d, *m, *packed)), *(t.shape[0] for t in data), k)
     plan = _PLANS.get(key)
     if plan is None:
         pointers = ctypes.c_void_p * len(data)
-        n = [t.shape[0] for t in data]
+        n = [rows(format, t, p, k) for t, p in zip(data, packed, strict=True)]
         ptrs = [[t.data_ptr() if t.numel() else 0 for t in ts] for ts in (data, d, m or d, packed)]
         plan = (*(pointers(*p) for p in ptrs), (ctypes.c_int64 * len(n))(*n), sum(n), any(ptrs[3]))
         if len(_PLANS) >= 4096:  # weights freed and others made: start again
@@ -251,17 +275,17 @@ def _run_avx2(
     x = x.contiguous()
     if not all(t.is_contiguous() for t in (*data, *d, *m)):
         data, d, m = [t.contiguous() for t in data], [t.contiguous() for t in d], [t.contiguous() for t in m]
-    w, wd, wm, groups, rows, width, any_packed = _plan(data, d, m, packed)  # pack's output is contiguous
+    w, wd, wm, groups, n, width, any_packed = _plan(format, data, d, m, packed, x.shape[1])  # pack's is contiguous
     library = _avx2_library()
     if x.shape[0] >= DENSE_ROWS and not any_packed:  # dequantised, then one dense fp32 product
         dense = torch.empty(width, x.shape[1], dtype=torch.float32)
         code = _CODES[format]
-        _status(library.attnkit_block_dequantize(code, len(data), w, wd, wm, rows, dense.data_ptr(), x.shape[1]))
+        _status(library.attnkit_block_dequantize(code, len(data), w, wd, wm, n, dense.data_ptr(), x.shape[1]))
         return torch.mm(x, dense.T)
     out = torch.empty(x.shape[0], width, dtype=torch.float32)
     _status(
         library.attnkit_block_matmul(
-            _CODES[format], x.data_ptr(), len(data), w, wd, wm, groups, rows, out.data_ptr(), x.shape[0], x.shape[1]
+            _CODES[format], x.data_ptr(), len(data), w, wd, wm, groups, n, out.data_ptr(), x.shape[0], x.shape[1]
         )
     )
     return out
@@ -286,7 +310,8 @@ _LIBRARY.define("block_matmul(Tensor x, str format, Tensor[] data, Tensor[] d, T
 
 @torch.library.register_fake("attnkit::block_matmul")
 def _(x: Tensor, format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor], packed: list[Tensor]) -> Tensor:
-    return x.new_empty(x.shape[0], sum(t.shape[0] for t in data))
+    k = x.shape[1]
+    return x.new_empty(x.shape[0], sum(rows(format, t, p, k) for t, p in zip(data, packed, strict=True)))
 
 
 def block_matmul(
@@ -301,8 +326,9 @@ def block_matmul(
     """``x`` (m, k) fp32 times the weight (n, k) held as ``format``'s blocks ``data``, ``d`` (fp16
     scales, (n, k / 32)) and, for q4_1, ``m`` (its minima): (m, n) fp32, ``x`` quantised per block
     of 32 (:mod:`attnkit.kernels.blocks`); from ``DENSE_ROWS`` rows of ``x`` on, ``x`` as it is
-    times the dequantised weight, unless ``packed``: the same blocks as :func:`pack` gives them,
-    which the AVX2 kernel reads instead (4-bit formats), integer at every row count.
+    times the dequantised weight, unless the weight is packed: ``packed`` its first n // 8 groups
+    of 8 rows as :func:`pack` gives them, and ``data``, ``d``, ``m`` only the rows after those
+    (:func:`split` gives all four), integer at every row count.
     ``kernel``: "avx2", "reference", or "auto" (AVX2 where it runs). k must be a multiple of 32
     (pad both sides with zeros)."""
     return block_matmuls(x, format, [(data, d, m, packed)], kernel)
@@ -327,20 +353,35 @@ def block_matmuls(x: Tensor, format: str, weights: Sequence[Weight], kernel: str
         if (format == "q4_1") != (m is not None):
             raise ValueError(f"{format} takes {'its' if format == 'q4_1' else 'no'} block minima m")
         if packed and packed[0] is not None:
-            size = (data.shape[0] // 8) * (k // BLOCK) * packed_bytes(format)
-            if packed[0].dtype != torch.uint8 or packed[0].numel() != size or not size:
+            group = (k // BLOCK) * packed_bytes(format)  # a packed group of 8 rows
+            if packed[0].dtype != torch.uint8 or not packed[0].numel() or packed[0].numel() % group:
                 raise ValueError(
                     f"packed holds {packed[0].numel()} bytes of {packed[0].dtype} where kernels.pack gives "
-                    f"{size or 'none'} for this {format} weight; pass what pack returns"
+                    f"{group} for each group of 8 rows of this {format} weight; pass what pack returns"
+                )
+            if data.shape[0] >= 8:
+                raise ValueError(
+                    f"a packed {format} weight holds its last n mod 8 rows as blocks, not {data.shape[0]}: "
+                    "pass kernels.split's (data, d, m, packed)"
                 )
     if kernel == "auto":
         kernel = _auto()
     if kernel == "reference":  # the same arithmetic as the AVX2 path's
         if x.shape[0] >= DENSE_ROWS and not any(len(w) > 3 and w[3] is not None for w in weights):
             return F.linear(x.float(), torch.cat([dequantize(format, *weight[:3]) for weight in weights]))
-        return torch.cat([matmul_reference(x, format, *weight[:3]) for weight in weights], dim=-1)
+        return torch.cat([matmul_reference(x, format, *whole(format, weight, x.shape[1])) for weight in weights], -1)
     _avx2_library()  # a kernel that cannot run: its one-line error
     return torch.ops.attnkit.block_matmul(x.float(), format, *_lists(weights))
+
+
+def whole(format: str, weight: Weight, k: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    """All the blocks ``(data, d, m)`` of a weight as :func:`split` holds it (its packed rows
+    unpacked before the rest)."""
+    data, d, m, *packed = weight
+    if not packed or packed[0] is None:
+        return data, d, m
+    first = unpack(format, packed[0], k)
+    return tuple(None if a is None else torch.cat([a, b]) for a, b in zip(first, (data, d, m), strict=True))  # type: ignore[return-value]
 
 
 def _lists(weights: Sequence[Weight]) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor]]:

@@ -128,6 +128,21 @@ def pack(format: str, data: Tensor, d: Tensor, m: Tensor | None = None) -> Tenso
     return torch.cat([t.contiguous().view(torch.uint8).flatten() for t in (pieces, *sides)])
 
 
+def unpack(format: str, packed: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The blocks ``(data, d, m)`` of the rows :func:`pack` packed (8 a group) for a weight of ``k``
+    inputs: its inverse, bit for bit (q4_0's minima, ``-8 d``, are dropped again)."""
+    check(format)
+    blocks = k // BLOCK
+    groups = packed.numel() // (blocks * packed_bytes(format))
+    rows, width = groups * PACKED_ROWS, BLOCK * BITS[format] // 8  # a row's bytes per block
+    size = rows * blocks * width
+    pieces = packed[:size].view(torch.int32).view(groups, blocks, width // 4, PACKED_ROWS).permute(0, 3, 1, 2)
+    data = pieces.contiguous().view(torch.int8 if format == "q8_0" else torch.uint8).reshape(rows, blocks * width)
+    sides = packed[size:].view(torch.float16).view(-1, groups, blocks, PACKED_ROWS).transpose(2, 3)
+    d, *mins = (t.reshape(rows, blocks).contiguous() for t in sides)
+    return data, d, mins[0] if format == "q4_1" else None
+
+
 def matmul_reference(x: Tensor, format: str, data: Tensor, d: Tensor, m: Tensor | None = None) -> Tensor:
     """The C kernel's arithmetic in PyTorch: ``x`` (m, k) fp32 quantised per block
     (:func:`quantize_activations`), times the weight's blocks: (m, n) fp32. The integer dot

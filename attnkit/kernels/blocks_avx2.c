@@ -21,8 +21,9 @@
  * rows in one vpmaddubsw, so a block's eight dot products need no horizontal sums and its scales
  * convert as one vector. A 4-bit block's eight vpmaddubsw sums are added as int16
  * (8 · 2 · 15 · 127 < 2^15) before one vpmaddwd; Q8_0's go to int32 one by one (2 · 127 · 127
- * leaves no room), its weights taking the activations' signs. Several weights that meet one input go in
- * one call; for many activation rows, attnkit_block_dequantize gives the fp32 weights for a
+ * leaves no room), its weights taking the activations' signs. A packed weight keeps only its last
+ * n mod 8 rows in plain blocks. Several weights that meet one input go in one call; for many
+ * activation rows, attnkit_block_dequantize gives the fp32 weights of unpacked blocks for a
  * dense product instead. Built by attnkit.kernels with -mavx2 -mfma -mf16c. */
 #include <immintrin.h>
 #include <math.h>
@@ -200,12 +201,13 @@ static inline __attribute__((always_inline)) void matmul(int format, const int8_
             }
             continue;
         }
-        const int64_t j = 8 * eights[i] + 4 * (g - eights[i]);  /* the rest, 4 rows at a time */
-        const int rows = n[i] - j < 4 ? (int)(n[i] - j) : 4;
+        /* the rest, 4 rows at a time: row 8 eights + j of the output is row j of w[i] */
+        const int64_t j = 4 * (g - eights[i]), left = n[i] - 8 * eights[i] - j;
+        const int rows = left < 4 ? (int)left : 4;
         for (int64_t r = 0; r < m; r++) {
             const int8_t *a = xq + r * k;
             const float *ad = xd + r * blocks, *as = xs + r * blocks;
-            float *row = out + r * width + column[i];
+            float *row = out + r * width + column[i] + 8 * eights[i];
             if (rows == 4)
                 dot_rows(format, 4, w[i], wd[i], wm[i], a, ad, as, j, k, row);
             else
@@ -214,9 +216,10 @@ static inline __attribute__((always_inline)) void matmul(int format, const int8_
     }
 }
 
-/* out (m, Σ n_i) = x (m, k) · [w_0; …; w_{count-1}]ᵀ, each w_i (n_i, k) in ``format``'s blocks
- * (wm: Q4_1's minima, else unused) and packed[i] its first n_i / 8 groups of 8 rows packed (or
- * NULL), 1 <= count <= 8. Returns 0, 1 where k is not a multiple of 32, 2 without memory, 3 for
+/* out (m, Σ n_i) = x (m, k) · [w_0; …; w_{count-1}]ᵀ, each weight of n_i rows in ``format``'s
+ * blocks: packed[i] its first n_i / 8 groups of 8 rows packed (or NULL: none), and w[i], wd[i],
+ * wm[i] (Q4_1's minima, else unused) its other rows, the n_i mod 8 after the packed ones (all n_i
+ * where packed[i] is NULL), 1 <= count <= 8. Returns 0, 1 where k is not a multiple of 32, 2 without memory, 3 for
  * an unknown format, 4 for a count out of range. */
 int attnkit_block_matmul(int format, const float *x, int count, const uint8_t *const *w, const uint16_t *const *wd,
                          const uint16_t *const *wm, const uint8_t *const *packed, const int64_t *n, float *out,

@@ -55,16 +55,18 @@ at::Tensor block_matmul(const at::Tensor &x, std::string_view format, at::Tensor
     const uint16_t *wd[8], *wm[8];
     int64_t n[8], width = 0;
     bool any_packed = false;
+    const int64_t m = input.size(0), k = input.size(1);
+    // the bytes of a packed group of 8 rows, over all its blocks (kernels.packed_bytes)
+    const int64_t group_bytes = (k / 32) * (code == 0 ? 272 : 160);
     for (int i = 0; i < count; i++) {
         w[i] = static_cast<const uint8_t *>(pointer(data[i]));
         wd[i] = static_cast<const uint16_t *>(pointer(d[i]));
         wm[i] = code == 2 ? static_cast<const uint16_t *>(pointer(mins[i])) : wd[i];
         groups[i] = static_cast<const uint8_t *>(pointer(packed[i]));
         any_packed = any_packed || groups[i] != nullptr;
-        n[i] = data[i].size(0);
+        n[i] = data[i].size(0) + (group_bytes ? 8 * (packed[i].numel() / group_bytes) : 0);  // packed, then the rest
         width += n[i];
     }
-    const int64_t m = input.size(0), k = input.size(1);
     const auto fp32 = at::TensorOptions().dtype(at::kFloat);
     if (m >= ATTNKIT_DENSE_ROWS && !any_packed) {  // dequantised, then one dense fp32 product
         at::Tensor dense = at::empty({width, k}, fp32);

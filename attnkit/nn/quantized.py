@@ -106,11 +106,12 @@ class BlockLinear(Quantized):
     """Weights in llama.cpp's blocks of 32 (``layout``: q8_0, q4_0 or q4_1; :mod:`attnkit.kernels.blocks`)
     times fp32 activations through :func:`attnkit.kernels.block_matmuls` (:func:`products` of one layer).
 
-    A layer also holds its blocks packed for the AVX2 kernel (:func:`attnkit.kernels.pack`, 2-3x
-    faster per product at batch 1), where that kernel runs: ``packed``, a buffer that is not
-    saved (the blocks are), made again when the blocks change in place (a load). It doubles the
-    layer's memory, as llama.cpp's repacking would not: a next step is to keep the packed copy
-    alone."""
+    Where the AVX2 kernel runs (on the CPU), the layer holds its blocks split as that kernel reads
+    them fastest (:func:`attnkit.kernels.split`, 2-3x faster per product at batch 1): ``packed``
+    (a buffer that is not saved) its groups of 8 rows, and ``blocks``, ``block_scales``,
+    ``block_mins`` only the rows after them; the weights are held once. Its state dict, what is
+    saved, holds all the blocks (:meth:`whole`); a load into the layer, or a move to another
+    device, unpacks them first, and they are split again when they changed (:meth:`refresh`)."""
 
     def __init__(self, in_features: int, out_features: int, layout: str, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias)
@@ -123,7 +124,7 @@ class BlockLinear(Quantized):
         mins = torch.zeros(out_features, k // BLOCK, dtype=torch.float16) if layout == "q4_1" else None
         self.register_buffer("block_mins", mins)
         self.register_buffer("packed", None, persistent=False)
-        self._packed_from: tuple[int, ...] | None = None  # the blocks' versions when they were packed
+        self._packed_from: tuple[int, ...] | None = None  # the blocks' versions when they were split
 
     @classmethod
     def of(cls, weight: Tensor, layout: str, bias: Tensor | None = None) -> BlockLinear:
@@ -134,29 +135,67 @@ class BlockLinear(Quantized):
         layer.repack()
         return layer._with_bias(bias)
 
+    _NAMES = ("blocks", "block_scales", "block_mins")
+
     def _versions(self) -> tuple[int, ...]:
         return tuple(t._version for t in (self.blocks, self.block_scales, self.block_mins) if t is not None)
 
-    def repack(self) -> None:
-        """Pack the blocks for the AVX2 kernel where it runs (on the CPU), else hold none."""
-        cpu = self.blocks.device.type == "cpu"
-        if not cpu or not kernels.available("avx2"):
+    def whole(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """All the blocks ``(data, d, m)``: the buffers, or new tensors where they are split."""
+        return kernels.whole(self.layout, (self.blocks, self.block_scales, self.block_mins, self.packed), self._k)
+
+    @property
+    def _k(self) -> int:
+        return _padded(self.in_features)
+
+    def _unsplit(self) -> None:
+        """Hold all the blocks as blocks again, none packed."""
+        if self.packed is not None:
+            self.blocks, self.block_scales, self.block_mins = self.whole()
             self.packed = None
-        else:
-            self.packed = kernels.pack(self.layout, self.blocks, self.block_scales, self.block_mins)
+
+    def repack(self) -> None:
+        """Split the blocks for the AVX2 kernel where it runs (on the CPU), else hold them whole."""
+        self._unsplit()
+        if self.blocks.device.type == "cpu" and kernels.available("avx2"):
+            self.blocks, self.block_scales, self.block_mins, self.packed = kernels.split(
+                self.layout, self.blocks, self.block_scales, self.block_mins
+            )
         self._packed_from = self._versions()
 
     def refresh(self) -> None:
-        """:meth:`repack` if the blocks changed in place since they were packed (a load)."""
+        """:meth:`repack` if the blocks changed in place since they were split (a load)."""
         if self._packed_from != self._versions():
             self.repack()
 
     def weights(self) -> kernels.Weight:
-        """The blocks as :func:`attnkit.kernels.block_matmuls` takes them, packed where they can be
+        """The blocks as :func:`attnkit.kernels.block_matmuls` takes them, split where they can be
         (:meth:`refresh`-ed first; under ``torch.compile`` as they are)."""
         if not torch.compiler.is_compiling():
             self.refresh()
         return self.blocks, self.block_scales, self.block_mins, self.packed
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):  # nn.Module's signature
+        """All the blocks, as an unsplit layer holds them."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.packed is not None:
+            for name, tensor in zip(self._NAMES, self.whole(), strict=True):
+                if tensor is not None:
+                    destination[prefix + name] = tensor
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # nn.Module's signature
+        """Into all the blocks (unsplit first; split again at the next product)."""
+        self._unsplit()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _apply(self, fn, recurse=True):  # nn.Module's signature
+        """A move or a cast takes all the blocks (unsplit), split again on the CPU."""
+        split = self.packed is not None
+        self._unsplit()
+        super()._apply(fn, recurse)
+        if split:
+            self.repack()
+        return self
 
     def forward(self, x: Tensor) -> Tensor:
         return products(x, (self,))[0]
@@ -217,12 +256,17 @@ def block_tensors(name: str, data: Tensor, d: Tensor, m: Tensor | None) -> dict[
 
 
 def quantized_buffers(model: nn.Module) -> dict[str, Tensor]:
-    """The quantised layers' buffers, by their names in the model's state dict (not the packed
-    copies, which are not saved)."""
-    return {
-        f"{name}.{key}": value
-        for name, module in model.named_modules()
-        if isinstance(module, Quantized)
-        for key, value in module._buffers.items()
-        if value is not None and key not in module._non_persistent_buffers_set
-    }
+    """The quantised layers' buffers, by their names in the model's state dict: all the blocks,
+    not the packed groups, which are not saved. A layer whose blocks are split gives new tensors
+    (to save, not to load into: a load's model is built unsplit)."""
+    found = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, Quantized):
+            continue
+        for key, value in module._buffers.items():
+            if value is not None and key not in module._non_persistent_buffers_set:
+                found[f"{name}.{key}"] = value
+        if isinstance(module, BlockLinear) and module.packed is not None:
+            whole = zip(BlockLinear._NAMES, module.whole(), strict=True)
+            found.update({f"{name}.{key}": value for key, value in whole if value is not None})
+    return found

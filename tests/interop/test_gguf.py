@@ -142,7 +142,7 @@ def test_gguf_blocks_are_computed_on_as_the_file_holds_them(
         reference = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type)).reshape(fp32.shape)
         if gguf_name == "blk.0.attn_q.weight":
             reference = fp32  # llama.cpp's rotary rows permuted back, as the fp32 load does
-        held = kernels.blocks.dequantize(layer.layout, layer.blocks, layer.block_scales, layer.block_mins)
+        held = kernels.blocks.dequantize(layer.layout, *layer.whole())
         assert torch.equal(held, reference), gguf_name
         # and their product is the fp32 product within the activations' quantisation (blocks of 32)
         x = torch.randn(8, fp32.shape[1], generator=torch.Generator().manual_seed(0))

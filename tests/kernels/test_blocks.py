@@ -53,18 +53,20 @@ def test_the_avx2_kernel_equals_the_reference(fmt: str, m: int, n: int, k: int) 
 @pytest.mark.parametrize("m", [1, 8, kernels.DENSE_ROWS + 3])
 @pytest.mark.parametrize(("n", "k"), [(37, 50), (129, 100), (8, 32), (300, 777)])
 def test_the_packed_blocks_give_the_reference(fmt: str, m: int, n: int, k: int) -> None:
-    """The packed groups of 8 rows (and the rows after them, read as they are) equal the
-    reference, alone and beside unpacked weights in one call, integer at every row count."""
+    """The packed groups of 8 rows and the rows after them (:func:`kernels.split`: the weight held
+    once) equal the reference, alone and beside unpacked weights in one call, integer at every
+    row count."""
     x, weight, _ = operands(fmt, m, n, k)
-    packed = kernels.pack(fmt, *weight)
+    *rest, packed = kernels.split(fmt, *weight)
     per_block = {"q8_0": 8 * 32 + 8 * 2, "q4_0": 8 * 16 + 8 * 4, "q4_1": 8 * 16 + 8 * 4}[fmt]  # values, d, (mins)
     assert packed.dtype == torch.uint8 and packed.numel() == (n // 8) * (x.shape[1] // 32) * per_block
+    assert rest[0].shape[0] == n % 8 and kernels.rows(fmt, rest[0], packed, x.shape[1]) == n
     expected = kernels.matmul_reference(x, fmt, *weight)
-    assert_close(kernels.block_matmul(x, fmt, *weight, kernel="reference", packed=packed), expected)
-    got = kernels.block_matmul(x, fmt, *weight, kernel="avx2", packed=packed)
+    assert_close(kernels.block_matmul(x, fmt, *rest, kernel="reference", packed=packed), expected)
+    got = kernels.block_matmul(x, fmt, *rest, kernel="avx2", packed=packed)
     assert_close(got, expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
     other = operands(fmt, m, 13, k, seed=4)[1]
-    both = kernels.block_matmuls(x, fmt, [other, (*weight, packed)], kernel="avx2")
+    both = kernels.block_matmuls(x, fmt, [other, (*rest, packed)], kernel="avx2")
     alone = torch.cat([kernels.matmul_reference(x, fmt, *other), expected], dim=-1)
     assert_close(both, alone, atol=1e-5 * alone.abs().max().item(), rtol=1e-5)
 
@@ -87,15 +89,21 @@ def test_packing_rearranges_the_blocks(fmt: str) -> None:
     if fmt != "q8_0":
         assert torch.equal(mins[0], m[:16] if fmt == "q4_1" else -8 * d[:16])
     assert kernels.pack(fmt, data[:7], d[:7], None if m is None else m[:7]) is None
+    unpacked = kernels.unpack(fmt, packed, 64)  # the inverse, bit for bit
+    for got, want in zip(unpacked, (data[:16], d[:16], None if m is None else m[:16]), strict=True):
+        assert (got is None and want is None) or (got.dtype == want.dtype and torch.equal(got, want))
 
 
 def test_packed_blocks_that_do_not_fit_are_refused() -> None:
     x, weight, _ = operands("q4_0", 1, 16, 64)
-    with pytest.raises(ValueError, match=r"packed holds 3 bytes of torch.uint8 where kernels.pack gives 640"):
-        kernels.block_matmul(x, "q4_0", *weight, packed=torch.zeros(3, dtype=torch.uint8))
-    q8 = kernels.quantize(torch.ones(16, 64), "q8_0")
-    with pytest.raises(ValueError, match=r"packed holds 640 bytes of torch.uint8 where kernels.pack gives 1088"):
-        kernels.block_matmul(x, "q8_0", *q8, packed=kernels.pack("q4_0", *weight))
+    *rest, packed = kernels.split("q4_0", *weight)
+    with pytest.raises(ValueError, match=r"packed holds 3 bytes of torch.uint8 where kernels.pack gives 320 for each"):
+        kernels.block_matmul(x, "q4_0", *rest, packed=torch.zeros(3, dtype=torch.uint8))
+    q8 = kernels.split("q8_0", *kernels.quantize(torch.ones(16, 64), "q8_0"))
+    with pytest.raises(ValueError, match=r"packed holds 640 bytes of torch.uint8 where kernels.pack gives 544 for"):
+        kernels.block_matmul(x, "q8_0", *q8[:3], packed=packed)
+    with pytest.raises(ValueError, match=r"holds its last n mod 8 rows as blocks, not 16: pass kernels.split's"):
+        kernels.block_matmul(x, "q4_0", *weight, packed=packed)
 
 
 @pytest.mark.parametrize("kernel", [pytest.param("avx2", marks=needs_avx2), "reference"])
@@ -193,7 +201,7 @@ def test_the_ops_python_kernel_equals_its_cpp_kernel(fmt: str, m: int) -> None:
     call the same C code: equal outputs, packed and unpacked weights side by side."""
     x, first, _ = operands(fmt, m, 37, 100, seed=1)
     second = operands(fmt, m, 129, 100, seed=2)[1]
-    weights = [first, (*second, kernels.pack(fmt, *second))]
+    weights = [first, kernels.split(fmt, *second)]
     lists = kernels._lists(weights)
     python = kernels._run_avx2(x, fmt, *lists)
     assert_close(torch.ops.attnkit.block_matmul(x, fmt, *lists), python, atol=0, rtol=0)
@@ -207,7 +215,7 @@ logging.basicConfig(level=logging.INFO, format="%(message)s")
 from attnkit import kernels
 x = torch.randn(3, 64)
 weight = kernels.quantize(torch.randn(40, 64), "q4_0")
-got = kernels.block_matmul(x, "q4_0", *weight, packed=kernels.pack("q4_0", *weight))
+got = kernels.block_matmuls(x, "q4_0", [kernels.split("q4_0", *weight)])
 torch.testing.assert_close(got, kernels.block_matmul(x, "q4_0", *weight, kernel="reference"))
 print(kernels._register())
 """

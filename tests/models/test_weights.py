@@ -6,6 +6,7 @@ a line saying so."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def test_a_quantised_layer_equals_the_dequantised_product(layout: str) -> None:
         dequantised = (layer.weight_int8.float() * layer.scales[:, None])[:, :50]
     else:
         layer = BlockLinear.of(linear.weight, layout, linear.bias)
-        dequantised = kernels.blocks.dequantize(layout, layer.blocks, layer.block_scales, layer.block_mins)
+        dequantised = kernels.blocks.dequantize(layout, *layer.whole())
         assert dequantised.shape == (40, 64)
         # The padding is zero but for Q4_1, whose grid starts at each block's minimum (half a step
         # away at most); the padded activations are zero either way.
@@ -82,29 +83,46 @@ def test_a_quantised_layer_equals_the_dequantised_product(layout: str) -> None:
     assert_close(got.float(), expected, atol=tol * expected.abs().max().item(), rtol=0)
     if layout in kernels.FORMATS:  # and exactly the kernel's product
         flat = F.pad(x.reshape(-1, 50), (0, 14))
-        exact = kernels.matmul_reference(flat, layout, layer.blocks, layer.block_scales, layer.block_mins)
+        exact = kernels.matmul_reference(flat, layout, *layer.whole())
         exact = exact + linear.bias.detach()
         assert_close(got.reshape(-1, 40), exact, atol=1e-5 * exact.abs().max().item(), rtol=1e-5)
 
 
 @pytest.mark.parametrize("layout", kernels.FORMATS)
-def test_a_layer_of_blocks_packs_them_again_when_they_change(layout: str) -> None:
-    """Where the AVX2 kernel runs, a layer reads packed blocks (not saved); blocks copied
-    in afterwards, as a load copies them, are packed again before the next product."""
+def test_a_layer_of_blocks_holds_them_once_saves_them_whole_and_splits_them_again(layout: str) -> None:
+    """Where the AVX2 kernel runs, a layer holds its groups of 8 rows packed and only the rest as
+    blocks (the weight once); its state dict holds all the blocks; blocks loaded into it, or
+    changed in place, are split again before the next product; a move takes them whole."""
     torch.manual_seed(0)
-    first, second = torch.nn.Linear(64, 24, bias=False), torch.nn.Linear(64, 24, bias=False)
+    first, second = torch.nn.Linear(64, 27, bias=False), torch.nn.Linear(64, 27, bias=False)
     layer = BlockLinear.of(first.weight, layout)
-    assert (layer.packed is not None) == kernels.available("avx2")
-    assert "packed" not in layer.state_dict() and "packed" not in str(layouts(layer))
+    whole = kernels.quantize(first.weight.detach(), layout)
+    split = kernels.available("avx2")
+    assert (layer.packed is not None) == split
+    assert layer.blocks.shape[0] == (3 if split else 27)  # 27 = 3 groups of 8 packed, and 3 rows
+    held = sum(t.numel() * t.element_size() for t in layer.buffers())
+    once = sum(t.numel() * t.element_size() for t in whole if t is not None)
+    assert held == once + (27 // 8 * 8 * 2 * 2 if split and layout == "q4_0" else 0)  # q4_0: its -8 d packed too
+    state = layer.state_dict()
+    assert "packed" not in state and "packed" not in str(layouts(layer))
+    for name, tensor in zip(("blocks", "block_scales", "block_mins"), whole, strict=True):
+        assert (tensor is None and name not in state) or torch.equal(state[name], tensor)
     x = torch.randn(1, 64)
     layer(x)
     source = BlockLinear.of(second.weight, layout)
-    with torch.no_grad():
-        for name in ("blocks", "block_scales", "block_mins"):
-            if getattr(layer, name) is not None:
-                getattr(layer, name).copy_(getattr(source, name))
-    expected = kernels.matmul_reference(x, layout, source.blocks, source.block_scales, source.block_mins)
+    layer.load_state_dict(source.state_dict())
+    expected = kernels.matmul_reference(x, layout, *source.whole())
     assert_close(layer(x), expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
+    assert (layer.packed is not None) == split
+    with torch.no_grad():
+        for tensor in (layer.block_scales, layer.block_mins):  # in place: the rows after the packed ones (or all)
+            if tensor is not None:
+                tensor.mul_(2.0)
+    doubled = [2.0 if row >= 24 or not split else 1.0 for row in range(27)]
+    expected = expected * torch.tensor(doubled)
+    assert_close(layer(x), expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
+    moved = copy.deepcopy(layer).to(torch.bfloat16)  # a cast: the blocks kept, split again
+    assert_close(moved(x), expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
 
 
 @pytest.mark.parametrize("layout", kernels.FORMATS)
