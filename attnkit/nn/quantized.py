@@ -111,7 +111,8 @@ class BlockLinear(Quantized):
     (a buffer that is not saved) its groups of 8 rows, and ``blocks``, ``block_scales``,
     ``block_mins`` only the rows after them; the weights are held once. Its state dict, what is
     saved, holds all the blocks (:meth:`whole`); a load into the layer, or a move to another
-    device, unpacks them first, and they are split again when they changed (:meth:`refresh`)."""
+    device, unsplits them first (:meth:`unsplit`), and they are split again when they changed
+    (:meth:`refresh`)."""
 
     def __init__(self, in_features: int, out_features: int, layout: str, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias)
@@ -148,15 +149,15 @@ class BlockLinear(Quantized):
     def _k(self) -> int:
         return _padded(self.in_features)
 
-    def _unsplit(self) -> None:
-        """Hold all the blocks as blocks again, none packed."""
+    def unsplit(self) -> None:
+        """Hold all the blocks as blocks again, none packed (split again at the next product)."""
         if self.packed is not None:
             self.blocks, self.block_scales, self.block_mins = self.whole()
-            self.packed = None
+            self.packed, self._packed_from = None, None
 
     def repack(self) -> None:
         """Split the blocks for the AVX2 kernel where it runs (on the CPU), else hold them whole."""
-        self._unsplit()
+        self.unsplit()
         if self.blocks.device.type == "cpu" and kernels.available("avx2"):
             self.blocks, self.block_scales, self.block_mins, self.packed = kernels.split(
                 self.layout, self.blocks, self.block_scales, self.block_mins
@@ -185,13 +186,13 @@ class BlockLinear(Quantized):
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # nn.Module's signature
         """Into all the blocks (unsplit first; split again at the next product)."""
-        self._unsplit()
+        self.unsplit()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _apply(self, fn, recurse=True):  # nn.Module's signature
         """A move or a cast takes all the blocks (unsplit), split again on the CPU."""
         split = self.packed is not None
-        self._unsplit()
+        self.unsplit()
         super()._apply(fn, recurse)
         if split:
             self.repack()
@@ -256,17 +257,15 @@ def block_tensors(name: str, data: Tensor, d: Tensor, m: Tensor | None) -> dict[
 
 
 def quantized_buffers(model: nn.Module) -> dict[str, Tensor]:
-    """The quantised layers' buffers, by their names in the model's state dict: all the blocks,
-    not the packed groups, which are not saved. A layer whose blocks are split gives new tensors
-    (to save, not to load into: a load's model is built unsplit)."""
+    """The quantised layers' buffers, by their names in the model's state dict, to save or to
+    load into: all the blocks (a layer of split blocks is unsplit first, and split again at its
+    next product), not the packed groups, which are not saved."""
     found = {}
     for name, module in model.named_modules():
-        if not isinstance(module, Quantized):
-            continue
-        for key, value in module._buffers.items():
-            if value is not None and key not in module._non_persistent_buffers_set:
-                found[f"{name}.{key}"] = value
-        if isinstance(module, BlockLinear) and module.packed is not None:
-            whole = zip(BlockLinear._NAMES, module.whole(), strict=True)
-            found.update({f"{name}.{key}": value for key, value in whole if value is not None})
+        if isinstance(module, BlockLinear):
+            module.unsplit()
+        if isinstance(module, Quantized):
+            for key, value in module._buffers.items():
+                if value is not None and key not in module._non_persistent_buffers_set:
+                    found[f"{name}.{key}"] = value
     return found

@@ -20,7 +20,7 @@ from attnkit import kernels
 from attnkit.models import build_model, weights
 from attnkit.models.io import CONFIG, WEIGHTS, read_safetensors, write_directory
 from attnkit.models.weights import to_format
-from attnkit.nn.quantized import BlockLinear, Int8Linear, layouts, products, quantize_rows
+from attnkit.nn.quantized import BlockLinear, Int8Linear, layouts, products, quantize_rows, quantized_buffers
 
 FAMILIES = ["gpt-tiny", "llama-tiny", "bert-tiny", "t5-tiny", "transformer-tiny"]
 # Stated tolerance: |logits - fp32 logits| <= TOLERANCE[format] * max|fp32 logits|, elementwise.
@@ -123,6 +123,15 @@ def test_a_layer_of_blocks_holds_them_once_saves_them_whole_and_splits_them_agai
     assert_close(layer(x), expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
     moved = copy.deepcopy(layer).to(torch.bfloat16)  # a cast: the blocks kept, split again
     assert_close(moved(x), expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
+    buffers = quantized_buffers(layer)  # what a load copies into: the layer's own buffers, whole
+    blocks = BlockLinear.of(first.weight * 3, layout).whole()
+    third = dict(zip(("blocks", "block_scales", "block_mins"), blocks, strict=True))
+    with torch.no_grad():
+        for name, tensor in buffers.items():
+            tensor.copy_(third[name.rsplit(".", 1)[-1]])  # ".blocks": the layer is the root here
+    expected = kernels.matmul_reference(x, layout, *third.values())
+    assert_close(layer(x), expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
+    assert (layer.packed is not None) == split
 
 
 @pytest.mark.parametrize("layout", kernels.FORMATS)
