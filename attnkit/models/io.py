@@ -440,7 +440,7 @@ def save_pretrained(model: torch.nn.Module, path: str | Path, overwrite: bool = 
     """attnkit's directory: config.json (format, version, model config) and model.safetensors.
     LoRA adapters are merged into the weights they adapt (:mod:`attnkit.nn.lora`)."""
     from attnkit.nn.lora import merged_copy
-    from attnkit.nn.quantized import layouts, quantized_buffers
+    from attnkit.nn.quantized import layouts, quantized_state
 
     check_savable(model, quantized=True)
     model = merged_copy(model)
@@ -450,7 +450,7 @@ def save_pretrained(model: torch.nn.Module, path: str | Path, overwrite: bool = 
     found = layouts(model)
     if found:  # the quantised layers as they are, loaded without quantising again
         meta["weights"] = {"format": model.weights, "layers": found}
-        tensors.update(quantized_buffers(model))
+        tensors.update(quantized_state(model))
     files: dict[str, bytes | dict[str, Tensor]] = {
         CONFIG: (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode(),
         WEIGHTS: tensors,

@@ -226,6 +226,18 @@ def repack_changed(model: nn.Module) -> None:
             module.refresh()
 
 
+def quantized_state(model: nn.Module) -> dict[str, Tensor]:
+    """The quantised layers' state, by their names in the model's state dict, leaving the layers as
+    they are: what :func:`quantized_buffers` names, all the blocks (a split layer's put together)."""
+    return {
+        key: value
+        for name, module in model.named_modules()
+        if isinstance(module, Quantized)
+        for key, value in module.state_dict(prefix=f"{name}.").items()
+        if key.rsplit(".", 1)[-1] in module._buffers
+    }
+
+
 def shell(layout: str, in_features: int, out_features: int, bias: bool) -> Quantized:
     if layout == ROWS:
         return Int8Linear(in_features, out_features, bias)
@@ -257,9 +269,9 @@ def block_tensors(name: str, data: Tensor, d: Tensor, m: Tensor | None) -> dict[
 
 
 def quantized_buffers(model: nn.Module) -> dict[str, Tensor]:
-    """The quantised layers' buffers, by their names in the model's state dict, to save or to
-    load into: all the blocks (a layer of split blocks is unsplit first, and split again at its
-    next product), not the packed groups, which are not saved."""
+    """The quantised layers' buffers, by their names in the model's state dict, to load into: all
+    the blocks (a layer of split blocks is unsplit first, and split again at its next product), not
+    the packed groups, which are not saved. To save, :func:`quantized_state`."""
     found = {}
     for name, module in model.named_modules():
         if isinstance(module, BlockLinear):

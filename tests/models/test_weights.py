@@ -207,7 +207,10 @@ def test_hugging_face_directories_load_in_int8(tmp_path: Path) -> None:
 def test_quantised_models_save_and_load_bit_exact(tmp_path: Path, fmt: str) -> None:
     directory = model_dir(tmp_path, "gpt-tiny")
     model = attnkit.from_pretrained(directory, weights=fmt.removesuffix("-avx2"))
+    held = [t for t in model.buffers() if t is not None]
     model.save_pretrained(tmp_path / "quantised")
+    after = [t for t in model.buffers() if t is not None]  # saving leaves split blocks split: no new tensors
+    assert len(after) == len(held) and all(a is b for a, b in zip(after, held, strict=True))
     loaded = attnkit.from_pretrained(tmp_path / "quantised")
     assert loaded.weights == model.weights and layouts(loaded) == layouts(model)
     saved, got = model.state_dict(), loaded.state_dict()
