@@ -47,6 +47,7 @@ from torch import Tensor
 from attnkit.kernels.blocks import (
     BLOCK,
     FORMATS,
+    PACKED_ROWS,
     check,
     dequantize,
     matmul_reference,
@@ -241,14 +242,15 @@ def split(format: str, data: Tensor, d: Tensor, m: Tensor | None = None) -> Weig
     packed = pack(format, data, d, m)
     if packed is None:
         return data, d, m, None
-    rows = data.shape[0] // 8 * 8
+    rows = data.shape[0] // PACKED_ROWS * PACKED_ROWS
     rest = [None if t is None else t[rows:].clone() for t in (data, d, m)]
     return rest[0], rest[1], rest[2], packed
 
 
 def rows(format: str, data: Tensor, packed: Tensor | None, k: int) -> int:
     """The rows of a weight of ``k`` inputs held as ``data`` and, if any, ``packed`` groups of 8."""
-    return data.shape[0] + (0 if packed is None else 8 * (packed.numel() // ((k // BLOCK) * packed_bytes(format))))
+    groups = 0 if packed is None else packed.numel() // ((k // BLOCK) * packed_bytes(format))
+    return data.shape[0] + PACKED_ROWS * groups
 
 
 def _plan(format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor], packed: list[Tensor], k: int) -> tuple:

@@ -145,6 +145,10 @@ static inline void dot_packed(const uint8_t *packed, int64_t groups, int64_t g, 
     _mm256_storeu_ps(out + 8 * g, acc);
 }
 
+/* The bytes of a packed group of 8 rows per block, as dot_packed and dot_packed_q8 read them (and
+ * attnkit.kernels.packed_bytes gives): the values, fp16 scales and 4-bit minima. */
+int64_t attnkit_packed_bytes(int format) { return format == Q8_0 ? 8 * BLOCK + 8 * 2 : 8 * BLOCK / 2 + 8 * 2 * 2; }
+
 /* dot_packed for Q8_0: the pieces (g, b, s, j) of 4 bytes (s < 8), then the scales (g, b, j). */
 static inline void dot_packed_q8(const uint8_t *packed, int64_t groups, int64_t g, const int8_t *a, const float *ad,
                                  int64_t k, float *out) {

@@ -15,6 +15,7 @@ extern "C" {
 int attnkit_block_matmul(int format, const float *x, int count, const uint8_t *const *w, const uint16_t *const *wd,
                          const uint16_t *const *wm, const uint8_t *const *packed, const int64_t *n, float *out,
                          int64_t m, int64_t k);
+int64_t attnkit_packed_bytes(int format);
 int attnkit_block_dequantize(int format, int count, const uint8_t *const *w, const uint16_t *const *wd,
                              const uint16_t *const *wm, const int64_t *n, float *out, int64_t k);
 }
@@ -56,8 +57,7 @@ at::Tensor block_matmul(const at::Tensor &x, std::string_view format, at::Tensor
     int64_t n[8], width = 0;
     bool any_packed = false;
     const int64_t m = input.size(0), k = input.size(1);
-    // the bytes of a packed group of 8 rows, over all its blocks (kernels.packed_bytes)
-    const int64_t group_bytes = (k / 32) * (code == 0 ? 272 : 160);
+    const int64_t group_bytes = (k / 32) * attnkit_packed_bytes(code);  // a packed group of 8 rows
     for (int i = 0; i < count; i++) {
         w[i] = static_cast<const uint8_t *>(pointer(data[i]));
         wd[i] = static_cast<const uint16_t *>(pointer(d[i]));

@@ -7,6 +7,7 @@ kernel that cannot run named in one line."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -92,6 +93,14 @@ def test_packing_rearranges_the_blocks(fmt: str) -> None:
     unpacked = kernels.unpack(fmt, packed, 64)  # the inverse, bit for bit
     for got, want in zip(unpacked, (data[:16], d[:16], None if m is None else m[:16]), strict=True):
         assert (got is None and want is None) or (got.dtype == want.dtype and torch.equal(got, want))
+
+
+@needs_avx2
+def test_the_c_kernel_and_pack_agree_on_a_packed_groups_size() -> None:
+    size = kernels._avx2_library().attnkit_packed_bytes  # what the op's C++ kernel counts rows by
+    size.restype = ctypes.c_int64
+    for code, fmt in enumerate(kernels.FORMATS):
+        assert size(code) == kernels.packed_bytes(fmt) == {"q8_0": 272, "q4_0": 160, "q4_1": 160}[fmt]
 
 
 def test_packed_blocks_that_do_not_fit_are_refused() -> None:
