@@ -298,7 +298,11 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="tiny shapes (a quick check that it runs)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write the raw numbers as JSON")
-    parser.add_argument("--compile", action="store_true", help="forward, training: torch.compile attnkit's model")
+    parser.add_argument(
+        "--compile", action="store_true",
+        help="forward, training: torch.compile attnkit's model; serve: the server's compiled step (its default; each "
+        "batch layout compiles at its first step, which the timings then include), else it decodes eagerly",
+    )  # fmt: skip
     parser.add_argument("--device", default="cuda", help="gpu: the device to run on (cpu with --small to try it)")
     parser.add_argument("--budget", type=float, help="translation, lm, demo: seconds of training (each side)")
     parser.add_argument("--baseline", default="d548709", help="trainspeed: the commit to compare with")
@@ -320,7 +324,7 @@ def main() -> None:
         print(_decoding(args.out, args.small, args.repeats, args.run))
         return
     if args.suite == "serve":
-        result = serve.run(args.model, weights=args.weights, small=args.small)
+        result = serve.run(args.model, weights=args.weights, small=args.small, compile=args.compile)
         _write(args.out, {"serve": result})
         print(serve.table(result))
         return
@@ -353,7 +357,7 @@ def main() -> None:
     run, title = SUITES[args.suite]
     options = {"compile": True} if args.compile else {}
     if args.compile and args.suite not in ("forward", "training"):
-        parser.error("--compile applies to the forward and training suites")
+        parser.error("--compile applies to the forward, training and serve suites")
     print(
         report(
             title + (", attnkit compiled" if args.compile else ""),

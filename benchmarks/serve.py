@@ -81,14 +81,18 @@ async def _load(url: str, prompts: list[str], clients: int, max_tokens: int) -> 
     return _summary(len(prompts), tokens, seconds, latencies)
 
 
-def run(directory: Path, max_tokens: int = 32, weights: str = "fp32", small: bool = False) -> dict[str, Any]:
-    """The table's numbers: per client count, the server's; and the sequential baseline's."""
+def run(
+    directory: Path, max_tokens: int = 32, weights: str = "fp32", small: bool = False, compile: bool = False
+) -> dict[str, Any]:
+    """The table's numbers: per client count, the server's; and the sequential baseline's (the
+    server's step compiled with ``compile``, else eager)."""
     from attnkit.serve.server import spawn
 
     count = 8 if small else 64
     prompts = _prompts(count)
     served: dict[int, dict[str, float]] = {}
-    with spawn(directory, "--weights", weights, "--max-batch", "32", "--max-new-tokens", str(max_tokens)) as (
+    flags = ["--weights", weights, "--max-batch", "32", "--max-new-tokens", str(max_tokens)]
+    with spawn(directory, *flags, "--compile" if compile else "--no-compile") as (
         url,
         _,
         _,

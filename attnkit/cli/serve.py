@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -61,13 +62,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="comma-separated web origins whose pages may call the API (CORS), e.g. http://localhost:3000; "
         "'*' for any (default: none)",
     )  # fmt: skip
+    parser.add_argument(
+        "--compile", action=argparse.BooleanOptionalAction, default=None,
+        help="decode completions through a compiled step (torch.compile; one graph per batch layout, each compiled "
+        "once, the first before the server listens; seconds to a minute each, reported). Default: on where a C++ "
+        "compiler is found (inductor's), else off with a line saying so",
+    )  # fmt: skip
     parser.set_defaults(run=run)
+
+
+def _compile(asked: bool | None, model: object) -> bool:
+    """Whether completions decode compiled: as asked, else where inductor's C++ compiler is found
+    (a line saying why not where it is not). Only decoder-only models decode completions."""
+    from attnkit.generation.compiled import compiler
+
+    config = model.config  # type: ignore[attr-defined]
+    if config.is_encoder_decoder or config.family == "bert":
+        return False
+    if asked is None and compiler() is None:
+        print("no C++ compiler found (g++, or $CXX): completions decode eagerly; install g++ to compile them",
+              file=sys.stderr)  # fmt: skip
+        return False
+    return asked is not False
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import attnkit
+    from attnkit.cli.common import report_compiles
     from attnkit.machine import keep_freed_memory
     from attnkit.serve import Limits, create_app
     from attnkit.serve.server import run as serve
@@ -92,6 +115,12 @@ def run(args: argparse.Namespace) -> int:
         max_beams=args.max_beams, max_batch=args.max_batch, max_queue=args.max_queue,
     )  # fmt: skip
     name = args.name or Path(args.model).resolve().name
-    app = create_app(model, name, limits, args.api_key, own_thread=False, allowed_origins=origins)
+    compile = _compile(args.compile, model)
+    app = create_app(model, name, limits, args.api_key, own_thread=False, allowed_origins=origins, compile=compile)
+    if compile:
+        print("compiling the decoding step for one request (later batch layouts compile at their first step)",
+              file=sys.stderr)  # fmt: skip
+        app.state.attnkit.engine.warm()
+        report_compiles()
     serve(app, args.host, args.port, args.drain_seconds)
     return 0

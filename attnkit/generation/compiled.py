@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -67,6 +69,11 @@ class Compile:
 COMPILES: list[Compile] = []
 _seen: set[tuple[Any, ...]] = set()  # (model, step, shapes) compiled
 _weights: dict[int, tuple[Any, ...]] = {}  # id(model) -> the fingerprint of the weights its graphs hold
+
+
+def compiler() -> str | None:
+    """The C++ compiler inductor uses on the CPU (``$CXX``, else ``g++``), if there is one."""
+    return shutil.which(os.environ.get("CXX", "g++"))
 
 
 def bucket(n: int, limit: int | None = None, least: int = SMALLEST) -> int:

@@ -2,12 +2,14 @@
 new request joining the running batch at the next step instead of waiting for it to end.
 
 Every row is one request (a decoder-only model, greedy or sampled, no beams). A request that
-joins is prefilled on its own, then its keys and values are put beside the others' in one
-cache, right-aligned (:meth:`~attnkit.nn.cache.DecoderCache.join`): every row's newest key
-sits at the same position, the shorter rows padded on the left and the padding masked. Each
-row keeps its own positions, so a row's logits are those of its prompt decoded alone. A row
-that ends leaves the batch at once, and padding that no row reads any more is cut off.
-Requests that join together with the same prompt (an API's ``n`` choices) share one prefill.
+joins is prefilled on its own, then its keys and values are put in a free row of one fixed
+cache, right-aligned (:meth:`~attnkit.nn.cache.DecoderCache.put`): every row's newest key
+sits at the same position, the shorter rows' earlier positions masked. Each row keeps its own
+positions, so a row's logits are those of its prompt decoded alone. A row that ends is freed at
+once. The rows and the cache's capacity come in powers of two and change only when the batch
+outgrows them or fits in half of them, so that the step can run compiled, one graph per layout
+(:class:`ContinuousBatch`). Requests that join together with the same prompt (an API's ``n``
+choices) share one prefill.
 
 A request may ask for scores: each chosen token's log-probability under the model (the raw
 softmax of its logits, before any penalty, bias or temperature) with the k likeliest tokens',
@@ -20,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from attnkit.generation import compiled
 from attnkit.generation.batches import pad_left
 from attnkit.generation.batches import positions as row_positions
 from attnkit.generation.greedy import argmax
@@ -30,10 +32,8 @@ from attnkit.generation.incremental import decoder_only_step
 from attnkit.models.core import DecoderOnlyModel
 from attnkit.nn.cache import DecoderCache
 
-# Room for this many new positions beyond a cache's filled part (it doubles beyond that).
+# A new layout's room for this many steps after its rows' positions (its capacity a power of two).
 HEADROOM = 32
-# Leading padding is cut once it is at least this many positions: the cut copies every cache.
-TRIM_AT = 16
 
 
 @dataclass(frozen=True)
@@ -88,17 +88,37 @@ class Request:
 
 class ContinuousBatch:
     """The running batch of a decoder-only ``model``: :meth:`add` requests at any time,
-    :meth:`step` all of them by one token, :meth:`remove` the ones no longer wanted."""
+    :meth:`step` all of them by one token, :meth:`remove` the ones no longer wanted.
 
-    def __init__(self, model: DecoderOnlyModel) -> None:
+    The batch is laid out in fixed shapes, so that its step can run as one compiled graph
+    (``compile``: :mod:`attnkit.generation.compiled`, one graph per layout): ``rows`` (a power of
+    two) rows of a fixed cache of ``capacity`` positions (a power of two), one shared write
+    position (the cache's clock). A request takes a free row, its prompt's keys written just
+    before that position; a finished row is freed (masked; it computes a dummy token until it is
+    taken again). The layout changes only when the batch outgrows it (more rows, or the write
+    position at the end of the cache), or shrinks to half of it: then every row is copied into a
+    new layout right-aligned at the position after its longest row, the positions no row reads
+    dropped."""
+
+    def __init__(self, model: DecoderOnlyModel, compile: bool = False) -> None:
         if model.config.is_encoder_decoder:
             raise ValueError("continuous batching decodes decoder-only (GPT-family) models")
-        self.model = model
-        self.requests: list[Request] = []
-        self.cache: DecoderCache | None = None
-        self.key_mask: Tensor | None = None  # (N, len(cache)): the keys each row may read
-        self.last: Tensor | None = None  # (N,): each row's newest token, fed at the next step
-        self.next_position: Tensor | None = None  # (N, 1)
+        self.model, self.compile = model, compile
+        if compile and model.embeddings.positions is not None:
+            model.embeddings.positions.cover(model.config.max_len)  # a grown table would be a new graph
+        self._empty()
+
+    def _empty(self) -> None:
+        self.rows: list[Request | None] = []  # each row's request; None: a free row
+        self.cache: DecoderCache | None = None  # fixed: (len(rows), ·, capacity, ·) per layer
+        self.key_mask: Tensor | None = None  # (rows, capacity): the keys each row may read
+        self.last: Tensor | None = None  # (rows,): each row's newest token, fed at the next step
+        self.next_position: Tensor | None = None  # (rows, 1)
+
+    @property
+    def requests(self) -> list[Request]:
+        """The requests being decoded, in their rows' order."""
+        return [r for r in self.rows if r is not None]
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -121,9 +141,9 @@ class ContinuousBatch:
         ids, real = pad_left(list(distinct), 0, device)  # (u, P)
         real = real.bool()
         positions = row_positions(real)  # (u, P): each row counts from its first token
-        cache = self.model.decoder.new_cache(capacity=ids.shape[1] + HEADROOM)
+        prefill = self.model.decoder.new_cache(capacity=ids.shape[1])
         mask = None if bool(real.all()) else real
-        logits = self.model(ids, mask, cache=cache, position_ids=positions).logits  # (u, P, vocab)
+        logits = self.model(ids, mask, cache=prefill, position_ids=positions).logits  # (u, P, vocab)
         for request, row in zip(requests, rows, strict=True):
             if request.prompt_logprobs is not None:
                 scored = _prompt_scores(logits[row], ids[row], len(request.prompt), request.prompt_logprobs)
@@ -141,65 +161,116 @@ class ContinuousBatch:
             if request.finish_reason is not None:
                 finished.append(request)
         keep = [n for n, r in enumerate(requests) if r.finish_reason is None]
-        if not keep:
-            return finished
-        select = index[keep]  # the prefill row of each request that joins
-        if select.tolist() != list(range(len(distinct))):
-            cache.reorder(select)
-        joined, real = [requests[n] for n in keep], real.index_select(0, select)
-        last, next_position = tokens[keep], positions[select, -1:] + 1
-        if self.cache is None:
-            self.cache, self.key_mask, self.last, self.next_position = cache, real, last, next_position
-        else:
-            assert self.key_mask is not None and self.last is not None and self.next_position is not None
-            length = max(len(self.cache), len(cache))
-            key_mask = torch.cat(
-                [F.pad(self.key_mask, (length - self.key_mask.shape[1], 0)), F.pad(real, (length - real.shape[1], 0))]
-            )
-            self.cache.join(cache)  # the batch's state changes only once this has succeeded
-            self.key_mask = key_mask
-            self.last = torch.cat([self.last, last])
-            self.next_position = torch.cat([self.next_position, next_position])
-        self.requests += joined
+        if keep:
+            self._join([requests[n] for n in keep], prefill, index[keep], real, tokens[keep], positions[:, -1] + 1)
         return finished
+
+    def _join(
+        self, joining: list[Request], prefill: DecoderCache, select: Tensor, real: Tensor, first: Tensor, after: Tensor
+    ) -> None:
+        """Put ``joining`` in free rows: their prefill rows ``select`` (u,) of ``prefill`` (its
+        key mask ``real`` (·, P) and the positions ``after`` (·,) that follow), their first tokens
+        ``first`` (u,)."""
+        length = real.shape[1]
+        free = [row for row, r in enumerate(self.rows) if r is None]
+        slot = 0 if self.cache is None else len(self.cache)
+        if len(free) < len(joining) or slot < length:
+            self._layout(len(self) + len(joining), max(length, self._span()))
+            free = [row for row, r in enumerate(self.rows) if r is None]
+            slot = len(self.cache)  # type: ignore[arg-type]
+        assert self.cache is not None and self.key_mask is not None
+        assert self.last is not None and self.next_position is not None
+        place = torch.tensor(free[: len(joining)], device=select.device)
+        self.cache.put(place, prefill, select, length, slot, len(self.rows))
+        self.key_mask[place] = False
+        self.key_mask[place, slot - length : slot] = real.index_select(0, select)
+        self.last[place] = first
+        self.next_position[place, 0] = after.index_select(0, select)
+        for row, request in zip(free, joining, strict=False):
+            self.rows[row] = request
+
+    def _span(self) -> int:
+        """The positions the rows read: from the first any row reads to the write position."""
+        if self.key_mask is None or self.cache is None or not len(self):
+            return 0
+        occupied = torch.tensor([r is not None for r in self.rows], device=self.key_mask.device)
+        read = self.key_mask[occupied].any(dim=0)  # (capacity,)
+        return len(self.cache) - int(read.long().argmax()) if bool(read.any()) else 0
+
+    def _layout(self, rows: int, length: int) -> None:
+        """Lay the batch out anew: room for ``rows`` requests (a power of two), the requests now in
+        it first, their last ``length`` positions right-aligned at the new write position, and a
+        capacity (a power of two) with room for ``HEADROOM`` steps after them."""
+        rows = 1 << max(rows - 1, 0).bit_length()
+        capacity = compiled.bucket(length + HEADROOM, self.model.config.max_len)
+        device = self.model.embeddings.token.weight.device
+        cache = self.model.decoder.new_cache(capacity=capacity, fixed=True)
+        key_mask = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
+        last = torch.zeros(rows, dtype=torch.long, device=device)
+        next_position = torch.zeros(rows, 1, dtype=torch.long, device=device)
+        kept = [row for row, r in enumerate(self.rows) if r is not None]
+        if kept:
+            assert self.cache is not None and self.key_mask is not None
+            assert self.last is not None and self.next_position is not None
+            old, new = torch.tensor(kept, device=device), torch.arange(len(kept), device=device)
+            slot, keep = len(self.cache), min(length, len(self.cache))
+            cache.put(new, self.cache, old, keep, length, rows)
+            key_mask[: len(kept), length - keep : length] = self.key_mask[old, slot - keep : slot]
+            last[: len(kept)], next_position[: len(kept)] = self.last[old], self.next_position[old]
+        elif self.compile:  # a new batch: the model's weights may have changed since its graphs were compiled
+            compiled.check_weights(self.model)
+        assert cache.clock is not None
+        cache.clock.begin(length, device)
+        self.rows = [self.rows[row] for row in kept] + [None] * (rows - len(kept))
+        self.cache, self.key_mask, self.last, self.next_position = cache, key_mask, last, next_position
 
     @torch.no_grad()
     def step(self) -> list[Request]:
         """Feed every row its newest token and choose the next; returns the requests that
         finished at this step (they have left the batch)."""
-        if not self.requests:
+        if not len(self):
             return []
-        assert self.cache is not None and self.key_mask is not None and self.last is not None
-        assert self.next_position is not None
-        self.key_mask = F.pad(self.key_mask, (0, 1), value=True)  # the new position is real for every row
-        mask = None if bool(self.key_mask.all()) else self.key_mask
-        logits = decoder_only_step(self.model, self.last[:, None], self.cache, mask, self.next_position)
-        self.next_position = self.next_position + 1
-        self.last, scores = self._choose(logits, self.requests)
-        finished = [r for r, t, s in zip(self.requests, self.last.tolist(), scores, strict=True) if r.add(t, s)]
+        assert self.cache is not None and self.cache.clock is not None
+        if len(self.cache) == self.cache.capacity:  # the write position at the end: a new layout
+            self._layout(len(self.rows), self._span())
+        assert self.cache is not None and self.cache.clock is not None and self.cache.clock.slot is not None
+        assert self.key_mask is not None and self.last is not None and self.next_position is not None
+        self.key_mask.index_fill_(1, self.cache.clock.slot, True)  # the new position is real for every row
+        args = (self.last[:, None], self.cache, self.key_mask, self.next_position)
+        if self.compile:
+            logits = compiled.call(decoder_only_step, self.model, *args)
+        else:
+            logits = decoder_only_step(self.model, *args)
+        self.cache.clock.advance()
+        occupied = [row for row, r in enumerate(self.rows) if r is not None]
+        index = torch.tensor(occupied, device=logits.device)
+        live = torch.zeros_like(self.next_position).index_fill_(0, index, 1)  # a free row stays at position 0
+        self.next_position = (self.next_position + 1) * live
+        requests = self.requests
+        tokens, scores = self._choose(logits.index_select(0, index), requests)
+        self.last[index] = tokens
+        finished = [r for r, t, s in zip(requests, tokens.tolist(), scores, strict=True) if r.add(t, s)]
         self.remove(finished)
         return finished
 
     def remove(self, requests: Sequence[Request]) -> None:
-        """Take ``requests`` out of the batch (finished, or their client went away)."""
+        """Take ``requests`` out of the batch (finished, or their client went away): their rows
+        are freed, and the batch laid out smaller where it fits in half its rows or capacity."""
         gone = {id(r) for r in requests}
-        keep = [row for row, r in enumerate(self.requests) if id(r) not in gone]
-        if len(keep) == len(self.requests):
+        freed = [row for row, r in enumerate(self.rows) if r is not None and id(r) in gone]
+        if not freed:
             return
-        if not keep:
-            self.__init__(self.model)  # type: ignore[misc]
+        for row in freed:
+            self.rows[row] = None
+        if not len(self):
+            self._empty()
             return
-        assert self.cache is not None and self.key_mask is not None and self.last is not None
-        assert self.next_position is not None
-        index = torch.tensor(keep, device=self.last.device)
-        self.cache.reorder(index)
-        self.requests = [self.requests[row] for row in keep]
-        self.key_mask, self.last = self.key_mask.index_select(0, index), self.last.index_select(0, index)
-        self.next_position = self.next_position.index_select(0, index)
-        unread = int(self.key_mask.any(dim=0).long().argmax())  # leading positions no row reads
-        if unread >= TRIM_AT:
-            self.cache.trim(unread)
-            self.key_mask = self.key_mask[:, unread:]
+        assert self.key_mask is not None and self.cache is not None and self.next_position is not None
+        self.key_mask[freed] = False
+        self.next_position[freed] = 0
+        span = self._span()
+        if 2 * len(self) <= len(self.rows) or 2 * (span + HEADROOM) <= self.cache.capacity:
+            self._layout(len(self), span)
 
     def _choose(self, logits: Tensor, requests: Sequence[Request]) -> tuple[Tensor, list[Scored | None]]:
         """Each row's next token (N,) from its ``logits`` (N, vocab): greedy rows together,

@@ -46,6 +46,12 @@ class KVCache:
     def __len__(self) -> int:
         return self._length
 
+    def filled(self) -> tuple[Tensor, Tensor]:
+        """The keys and values held, (B, H, len(self), d) each."""
+        if self.k is None or self.v is None:
+            raise ValueError("the cache holds no keys yet")
+        return self.k, self.v
+
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new ``k``, ``v`` (B, H, t, d); return all cached keys and values."""
         t = k.shape[-2]
@@ -109,34 +115,6 @@ class KVCache:
             new = old.new_zeros(index.shape[0], *old.shape[1:])  # (N', H, capacity, d)
             new[..., :filled, :] = old[..., :filled, :].index_select(0, index)
             setattr(self, name, new)
-
-    def join(self, other: KVCache) -> None:
-        """Put ``other``'s rows after this cache's (B + B', H, T, d), both right-aligned: the
-        shorter one is padded on the left, so that every row's last key is at the same position
-        (the caller masks the padding). A request joining a running batch (continuous batching)."""
-        if self.static or other.static or self._k is None or other._k is None or self._v is None or other._v is None:
-            raise ValueError("join() joins two self-attention caches that hold keys")
-        length = max(self._length, other._length)
-        size = length + self.capacity
-        for name in ("_k", "_v"):
-            mine, theirs = getattr(self, name), getattr(other, name)
-            new = mine.new_zeros(mine.shape[0] + theirs.shape[0], mine.shape[1], size, mine.shape[-1])
-            new[: mine.shape[0], :, length - self._length : length] = mine[..., : self._length, :]
-            new[mine.shape[0] :, :, length - other._length : length] = theirs[..., : other._length, :]
-            setattr(self, name, new)
-        self._length = length
-
-    def trim(self, n: int) -> None:
-        """Drop the first ``n`` positions of every row: padding no row attends to any more."""
-        if self._k is None or self._v is None or self.static or not 0 < n <= self._length:
-            raise ValueError(f"trim({n}) needs a self-attention cache holding more than {n} keys")
-        filled = self._length - n
-        for name in ("_k", "_v"):
-            old: Tensor = getattr(self, name)
-            new = old.new_zeros(*old.shape[:-2], filled + self.capacity, old.shape[-1])
-            new[..., :filled, :] = old[..., n : self._length, :]
-            setattr(self, name, new)
-        self._length = filled
 
 
 class BeamHistory:
@@ -313,6 +291,25 @@ class StaticKVCache:
     def __len__(self) -> int:
         return self.clock.filled
 
+    def filled(self) -> tuple[Tensor, Tensor]:
+        """The keys and values of positions 0 .. len(self) - 1, (B, H, len(self), d) each."""
+        if self._k is None or self._v is None:
+            raise ValueError("the cache holds no keys yet")
+        return self._k[..., : self.clock.filled, :], self._v[..., : self.clock.filled, :]
+
+    def put(self, rows: Tensor, k: Tensor, v: Tensor, end: int, batch: int) -> None:
+        """Write ``k``, ``v`` (u, H, t, d) into rows ``rows`` (u,) at positions end - t .. end - 1,
+        outside a step (continuous batching's layout); the first write makes the buffers, of
+        ``batch`` rows. Positions are not checked against the clock: the caller sets it."""
+        if self._k is None or self._v is None:
+            self._k = k.new_zeros(batch, k.shape[1], self.capacity, k.shape[-1])  # zeros: 0 x NaN would be NaN
+            self._v = v.new_zeros(batch, v.shape[1], self.capacity, v.shape[-1])
+        t = k.shape[-2]
+        if not 0 <= end - t <= end <= self.capacity:
+            raise ValueError(f"positions {end - t} .. {end - 1} are not within a fixed cache of {self.capacity}")
+        self._k[rows, :, end - t : end] = k
+        self._v[rows, :, end - t : end] = v
+
     def attend(
         self, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, whole: bool = False
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
@@ -392,17 +389,14 @@ class DecoderCache:
                 if cross is not None:
                     cross.reorder(examples)
 
-    def join(self, other: DecoderCache) -> None:
-        """Add ``other``'s rows after these, right-aligned (:meth:`KVCache.join`): for a
-        decoder-only stack without beams, the case of continuous batching."""
-        fixed = self.clock is not None or other.clock is not None
-        cross = any(c is not None for c in self.cross_attn)
-        if fixed or cross or self.history is not None or other.history is not None:
-            raise ValueError("join() joins the caches of a decoder-only stack decoded without beams")
-        for mine, theirs in zip(self.self_attn, other.self_attn, strict=True):
-            mine.join(theirs)  # type: ignore[union-attr, arg-type]
-
-    def trim(self, n: int) -> None:
-        """Drop the first ``n`` positions of every row (:meth:`KVCache.trim`)."""
-        for cache in self.self_attn:
-            cache.trim(n)  # type: ignore[union-attr]
+    def put(self, rows: Tensor, source: DecoderCache, index: Tensor, keep: int, end: int, batch: int) -> None:
+        """Into rows ``rows`` (u,) of this fixed-shape cache (:meth:`StaticKVCache.put`), the last
+        ``keep`` filled positions of ``source``'s rows ``index`` (u,), at positions end - keep ..
+        end - 1: a continuous batch laying its rows out (the prefill of the requests that join,
+        or the rows of its previous layout); ``batch``: the rows of the buffers, made at the
+        first write."""
+        if self.clock is None or self.history is not None or source.history is not None:
+            raise ValueError("put() fills a fixed-shape cache from the caches of a stack decoded without beams")
+        for mine, theirs in zip(self.self_attn, source.self_attn, strict=True):
+            k, v = (t.index_select(0, index)[..., t.shape[-2] - keep :, :] for t in theirs.filled())  # type: ignore[union-attr]
+            mine.put(rows, k, v, end, batch)  # type: ignore[union-attr]

@@ -64,16 +64,23 @@ class QueueFullError(Exception):
 
 
 class Engine:
-    """The model thread. ``max_batch``: rows decoded together; ``max_queue``: jobs waiting."""
+    """The model thread. ``max_batch``: rows decoded together; ``max_queue``: jobs waiting;
+    ``compile``: completions' decoding step compiled, one graph per layout of the batch (each
+    compiles at its first step, seconds to a minute: :meth:`warm` compiles the first before any
+    request comes)."""
 
-    def __init__(self, model: Model, metrics: Metrics, max_batch: int = 32, max_queue: int = 256) -> None:
-        self.model, self.metrics = model, metrics
+    def __init__(
+        self, model: Model, metrics: Metrics, max_batch: int = 32, max_queue: int = 256, compile: bool = False
+    ) -> None:
+        self.model, self.metrics, self.compile = model, metrics, compile
         self.max_batch, self.max_queue = max_batch, max_queue
         self.jobs: queue.Queue[Job] = queue.Queue()
         self.waiting: list[Job] = []  # taken from the queue, not yet in the batch
         self.running: dict[int, Job] = {}  # id(request) -> job, in the continuous batch
         self.batch = (
-            None if model.config.is_encoder_decoder or model.config.family == "bert" else ContinuousBatch(model)
+            None
+            if model.config.is_encoder_decoder or model.config.family == "bert"
+            else ContinuousBatch(model, compile=compile)
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -87,6 +94,16 @@ class Engine:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+    def warm(self) -> None:
+        """Compile the step of a one-row batch now (where completions are compiled), on the
+        calling thread: the first request then does not wait for it."""
+        if self.batch is None or not self.compile:
+            return
+        with torch.no_grad():
+            self.batch.add([Request([self.model.config.bos_token_id or 0], 2)])
+            while len(self.batch):
+                self.batch.step()
 
     def pending(self) -> int:
         return self.jobs.qsize() + len(self.waiting)
@@ -128,7 +145,7 @@ class Engine:
         self.running.clear()
         self.waiting = []
         if self.batch is not None:
-            self.batch = ContinuousBatch(self.model)
+            self.batch = ContinuousBatch(self.model, compile=self.compile)
         for job in jobs:
             job.emit("error", "the model loop failed on this request; see the server's log")
 

@@ -9,6 +9,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from attnkit.generation.compiled import COMPILES
 from attnkit.serve.handling import Api, handled
 
 
@@ -34,6 +35,11 @@ class Pages(Api):
                 "attnkit_queue_length": ("Requests waiting for the model.", engine.pending),
                 "attnkit_running_rows": ("Rows in the running batch.", lambda: len(engine.running)),
                 "attnkit_in_flight_requests": ("Requests being answered.", lambda: self.state.in_flight),
+                "attnkit_compiled_steps": ("Decoding steps compiled (one per batch layout).", lambda: len(COMPILES)),
+                "attnkit_compile_seconds": (
+                    "Seconds spent compiling decoding steps.",
+                    lambda: sum(c.seconds for c in COMPILES),
+                ),
             }
         )
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

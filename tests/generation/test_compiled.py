@@ -37,6 +37,7 @@ from torch.testing import assert_close
 import attnkit
 from attnkit import kernels
 from attnkit.generation import compiled
+from attnkit.generation.continuous import ContinuousBatch, Request
 from attnkit.generation.incremental import IncrementalModel
 from attnkit.machine import inductor_cache_per_capability
 from attnkit.models import weights as model_weights
@@ -199,6 +200,39 @@ def test_compiled_translation_with_early_ends_and_budgets_equals_eager(name: str
     for options in ({"eos_token_id": eos}, {"eos_token_id": eos, "source_length_offset": 2}):
         eager = model.generate(ids, mask, max_new_tokens=STEPS, **options)
         assert torch.equal(model.generate(ids, mask, max_new_tokens=STEPS, compile=True, **options), eager)
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "llama"])
+def test_a_compiled_continuous_batch_decodes_as_the_eager_one(name: str, tmp_path: Path) -> None:
+    """Requests joining (into free rows, and past the rows there are), leaving, and running past
+    the cache's capacity: the same tokens compiled, one graph per layout and no graph breaks."""
+    model = model_for(name, tmp_path)
+    g = torch.Generator().manual_seed(4)
+    texts = [torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 9, 3, 30)]
+    budgets = [40, 6, 12, 20]
+
+    def decode(compile: bool) -> tuple[list[list[int]], set[tuple[int, int]]]:
+        requests = [Request(p, n) for p, n in zip(texts, budgets, strict=True)]
+        batch, layouts = ContinuousBatch(model, compile=compile), set()
+        for joining in ([requests[0]], requests[1:3], [requests[3]]):
+            batch.add(joining)
+            for _ in range(4):
+                assert batch.cache is not None
+                layouts.add((len(batch.rows), batch.cache.capacity))
+                batch.step()
+        while len(batch):
+            assert batch.cache is not None
+            layouts.add((len(batch.rows), batch.cache.capacity))
+            batch.step()
+        return [r.tokens for r in requests], layouts
+
+    eager, layouts = decode(compile=False)
+    assert {rows for rows, _ in layouts} == {1, 2, 4} and {capacity for _, capacity in layouts} == {64, 128}
+    counters = torch._dynamo.utils.counters
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    assert decode(compile=True) == (eager, layouts)
+    assert counters["stats"]["unique_graphs"] == graphs + len(layouts), "one graph per layout"
+    assert sum(counters["graph_break"].values()) == breaks, dict(counters["graph_break"])
 
 
 def test_a_decode_filling_the_learned_context_compiles_within_it() -> None:

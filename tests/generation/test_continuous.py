@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attnkit
-from attnkit.generation.continuous import TRIM_AT, ContinuousBatch, Request
+from attnkit.generation.continuous import ContinuousBatch, Request
 from attnkit.generation.greedy import sampler
 from attnkit.generation.penalties import penalties
 
@@ -67,10 +67,12 @@ def test_end_tokens_cancellation_and_trimmed_padding() -> None:
     cancelled = Request(short, 30)
     batch = ContinuousBatch(model)
     batch.add([first, ending, cancelled])
-    assert batch.cache is not None and len(batch.cache) == 40  # the short prompts padded to the long one
+    assert batch.cache is not None and len(batch.cache) == 40  # the short prompts right-aligned with the long one
+    assert len(batch.rows) == 4 and batch.cache.capacity == 128  # powers of two, room for 32 steps
     batch.step()
     batch.remove([first, cancelled])  # the long prompt's client went away
-    assert len(batch.cache) < 40 - TRIM_AT  # padding no row reads is cut off
+    assert len(batch.rows) == 1 and len(batch.cache) == 3  # laid out anew: the positions no row reads dropped
+    assert batch.cache.capacity == 64
     while len(batch):
         batch.step()
     stop = reference.index(eos) + 1

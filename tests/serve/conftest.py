@@ -92,5 +92,9 @@ def t5(tokenizer: Tokenizer, verses: list[tuple[str, str]]) -> Model:
 
 @pytest.fixture
 def serving() -> Callable:
-    """``attnkit serve`` as a real process on a free port: :func:`attnkit.serve.server.spawn`."""
-    return lambda directory, *flags: spawn(directory, *flags, threads=1)
+    """``attnkit serve`` as a real process on a free port (:func:`attnkit.serve.server.spawn`),
+    decoding eagerly unless the flags say ``--compile``: every batch layout of a compiled server
+    compiles at its first step, which these tests are not about."""
+    return lambda directory, *flags: spawn(
+        directory, *flags, *([] if "--compile" in flags else ["--no-compile"]), threads=1
+    )

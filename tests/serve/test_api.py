@@ -448,3 +448,17 @@ def test_a_request_of_several_prompts_is_queued_whole_or_not_at_all(gpt: Model) 
     client = TestClient(app)
     error_of(client.post("/v1/completions", json={"prompt": ["a", "b", "c"]}), 429, "requests are waiting")
     assert app.state.attnkit.engine.pending() == 0  # none of the three was left behind
+
+
+def test_serve_compiles_completions_where_a_compiler_is_found(
+    gpt: Model, translator: Model, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnkit.cli.serve import _compile
+
+    monkeypatch.setenv("CXX", "/bin/true")  # a compiler is found: compiled unless told not to
+    assert _compile(None, gpt) and _compile(True, gpt) and not _compile(False, gpt)
+    assert not _compile(None, translator) and not _compile(True, translator)  # no completions to compile
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert not _compile(None, gpt)
+    assert "no C++ compiler found (g++, or $CXX): completions decode eagerly" in capsys.readouterr().err
+    assert _compile(True, gpt)  # asked for: inductor's own error names what is missing at the first step

@@ -35,7 +35,7 @@ def smollm2(smollm2_gguf: Path) -> Model:
 
 @pytest.fixture(scope="module")
 def chat_server(smollm2_gguf: Path) -> Iterator[str]:
-    with spawn(smollm2_gguf, "--name", "smollm2", threads=1) as (url, _, _):
+    with spawn(smollm2_gguf, "--name", "smollm2", "--no-compile", threads=1) as (url, _, _):
         yield url
 
 

@@ -59,6 +59,27 @@ def streamed_text(body: str) -> tuple[str, bool]:
     return "".join(c["choices"][0]["text"] for c in chunks), bool(events) and events[-1] == "[DONE]"
 
 
+def test_a_compiled_server_answers_as_generate(gpt_dir: Path, serving: Callable) -> None:
+    """``--compile`` (the default where g++ is found): the one-request step compiles before the
+    server listens, a batch of four compiles its own layout, and the answers are ``generate``'s."""
+    expected = expected_texts(gpt_dir, 12)
+    with serving(gpt_dir, "--compile") as (url, _, lines):
+        assert any("compiled the decoding step (DecoderOnlyModel, 1 row, 64" in line for line in lines), lines
+        alone = httpx.post(f"{url}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0})
+        assert alone.json()["choices"][0]["text"] == expected[PROMPTS[0]]
+
+        async def together() -> list[str]:
+            async with httpx.AsyncClient(timeout=120) as client:
+                body = {"prompt": PROMPTS, "max_tokens": 12, "temperature": 0}
+                answer = await client.post(f"{url}/v1/completions", json=body)
+                return [choice["text"] for choice in sorted(answer.json()["choices"], key=lambda c: c["index"])]
+
+        assert asyncio.run(together()) == [expected[text] for text in PROMPTS]
+        metrics = httpx.get(f"{url}/metrics").text
+        compiled = re.search(r"^attnkit_compiled_steps (\d+)", metrics, re.M)
+        assert compiled is not None and int(compiled.group(1)) == 2, metrics  # 1 row, then 4
+
+
 def test_32_clients_of_mixed_requests(gpt_dir: Path, serving: Callable) -> None:
     expected = expected_texts(gpt_dir, 8)
     with serving(gpt_dir, "--max-new-tokens", "32", "--max-batch", "16") as (url, process, _):
