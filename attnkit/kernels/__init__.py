@@ -4,8 +4,10 @@ pure-PyTorch reference it is tested against (:mod:`attnkit.kernels.blocks`).
 ``block_matmul``: fp32 activations times weights in llama.cpp's blocks of 32 (Q8_0, Q4_0, Q4_1:
 :mod:`attnkit.kernels.blocks`), for CPUs where PyTorch has no fast low-bit product
 (``torch._weight_int8pack_mm`` is fast only with bf16 inputs, 10-20x slower with fp32 ones,
-and its 4-bit kernels need AVX-512). The activations are quantised to int8 per block at each
-product and each block's integer dot product is taken with AVX2's ``vpmaddubsw``/``vpmaddwd``
+and its 4-bit kernels need AVX-512). The activations are quantised per block at each product,
+to int8 for the 4-bit formats (each block's integer dot product then AVX2's
+``vpmaddubsw``/``vpmaddwd``) and to int16 for Q8_0 (``vpmaddwd`` on the sign-extended weights, as
+fast, 256 times finer: fp32's greedy tokens where int8 activations flipped near-ties)
 (``blocks_avx2.c``): the same kernel runs on AVX512 CPUs, which have AVX2 too.
 ``block_matmuls`` takes several weights that meet one input (attention's q, k and v; a gated
 FFN's gate and up) in one call: at batch 1 a small product costs more in its call than in its

@@ -13,7 +13,9 @@ scale ``d`` per block (n, k / 32):
 
 A 4-bit block's byte i holds ``u_i`` in its low nibble and ``u_{i+16}`` in its high one, GGUF's
 order, so a GGUF file's blocks are used as they are. The activations meet them quantised per block
-of 32 to int8 with an fp32 scale (:func:`quantize_activations`).
+of 32 with an fp32 scale (:func:`quantize_activations`): to int8 for the 4-bit formats, to int16
+for q8_0 (``LEVELS``), whose int8 weights meet those at the cost of int8 activations in the C
+kernel, 256 times finer: int8 activations flipped near-ties of fp32's greedy choice.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import Tensor
 BLOCK = 32
 FORMATS = ("q8_0", "q4_0", "q4_1")
 BITS = {"q8_0": 8, "q4_0": 4, "q4_1": 4}
+LEVELS = {"q8_0": 32767, "q4_0": 127, "q4_1": 127}  # the activations' largest integer, per weight format
 
 
 def check(format: str) -> None:
@@ -38,14 +41,18 @@ def _blocks(x: Tensor) -> Tensor:
     return x.float().reshape(x.shape[0], -1, BLOCK)
 
 
-def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
-    """``x`` (m, k) -> its int8 values (m, k) and fp32 block scales (m, k / 32), ``x ≈ q · scale``
-    per block: ``q = round(x · 127 / max|block|)`` (half to even), as the C kernel quantises."""
+def quantize_activations(x: Tensor, levels: int = 127) -> tuple[Tensor, Tensor]:
+    """``x`` (m, k) -> its integer values (m, k), int8 for ``levels`` 127 and int16 for 32767, and
+    fp32 block scales (m, k / 32), ``x ≈ q · scale`` per block: ``q = round(x · levels / max|block|)``
+    (half to even), as the C kernel quantises."""
+    if levels not in (127, 32767):
+        raise ValueError(f"levels={levels} is not 127 (int8) or 32767 (int16)")
     blocks = _blocks(x)
     peak = blocks.abs().amax(dim=-1, keepdim=True)  # (m, k / 32, 1)
-    inverse = torch.where(peak > 0, 127.0 / peak, torch.zeros_like(peak))
-    q = torch.round(blocks * inverse).clamp_(-127, 127)
-    return q.reshape(x.shape).to(torch.int8), (peak / 127.0).squeeze(-1)
+    inverse = torch.where(peak > 0, levels / peak, torch.zeros_like(peak))
+    q = torch.round(blocks * inverse).clamp_(-levels, levels)
+    dtype = torch.int8 if levels == 127 else torch.int16
+    return q.reshape(x.shape).to(dtype), (peak / levels).squeeze(-1)
 
 
 def _pack(u: Tensor) -> Tensor:
@@ -145,10 +152,11 @@ def unpack(format: str, packed: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor 
 
 def matmul_reference(x: Tensor, format: str, data: Tensor, d: Tensor, m: Tensor | None = None) -> Tensor:
     """The C kernel's arithmetic in PyTorch: ``x`` (m, k) fp32 quantised per block
-    (:func:`quantize_activations`), times the weight's blocks: (m, n) fp32. The integer dot
-    products are exact (float64 holds them); their scaled sums are fp32, as the kernel's."""
+    (:func:`quantize_activations`, ``LEVELS[format]``), times the weight's blocks: (m, n) fp32. The
+    integer dot products are exact (float64 holds them); their scaled sums are fp32, as the
+    kernel's."""
     check(format)
-    xq, xd = quantize_activations(x)
+    xq, xd = quantize_activations(x, LEVELS[format])
     a = xq.double().view(len(xq), -1, BLOCK)  # (m, b, 32)
     dots = torch.einsum("mbi,nbi->mnb", a, integers(format, data).double())  # (m, n, b)
     out = (dots.float() * (xd[:, None, :] * d.float()[None])).sum(-1)

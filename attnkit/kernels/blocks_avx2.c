@@ -1,7 +1,9 @@
 /* y = x · wᵀ for weights w (n, k) held in blocks of 32 along k, as llama.cpp holds them, and
- * fp32 activations x (m, k) quantised on the fly to int8 in the same blocks (one fp32 scale
- * each, and the sum of the block's int8 values for the 4-bit formats). k is a multiple of 32
- * (the caller pads). The weight formats, each with fp16 scales d (n, k / 32):
+ * fp32 activations x (m, k) quantised on the fly in the same blocks (one fp32 scale each): to
+ * int8 for the 4-bit formats (with the sum of the block's values), to int16 for Q8_0, whose
+ * int8 weights then meet activations 256 times finer than int8's at the same cost (vpmaddwd on
+ * sign-extended weights, where int8 activations need vpsignb twice and vpmaddubsw before
+ * it). k is a multiple of 32 (the caller pads). The weight formats, each with fp16 scales d (n, k / 32):
  *   Q8_0  w = q · d,        q int8 (n, k);
  *   Q4_0  w = (u - 8) · d,  u 4-bit (n, k / 2): byte i of a block holds u_i (low nibble) and
  *                           u_{i+16} (high nibble);
@@ -73,6 +75,35 @@ static void quantize_blocks(const float *x, int64_t m, int64_t k, int8_t *xq, fl
     }
 }
 
+/* x (m, k) fp32 -> xq (m, k) int16 and xd (m, k / 32) fp32: round(x / d) with d = max|x| / 32767. */
+static void quantize_blocks16(const float *x, int64_t m, int64_t k, int16_t *xq, float *xd) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    #pragma omp parallel for schedule(static) if (m > 1)
+    for (int64_t r = 0; r < m; r++) {
+        for (int64_t b = 0; b < k / BLOCK; b++) {
+            const float *src = x + r * k + b * BLOCK;
+            __m256 v[4], peak = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(src + 8 * i);
+                peak = _mm256_max_ps(peak, _mm256_andnot_ps(sign, v[i]));
+            }
+            __m128 p = _mm_max_ps(_mm256_castps256_ps128(peak), _mm256_extractf128_ps(peak, 1));
+            p = _mm_max_ps(p, _mm_movehl_ps(p, p));
+            p = _mm_max_ss(p, _mm_movehdup_ps(p));
+            const float amax = _mm_cvtss_f32(p), inv = amax > 0 ? 32767.0f / amax : 0.0f;
+            __m256i q[4];
+            for (int i = 0; i < 4; i++)  /* rounded half to even, as torch.round */
+                q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)),
+                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            for (int i = 0; i < 2; i++) {  /* packs interleaves 128-bit lanes: put them back in order */
+                const __m256i pair = _mm256_packs_epi32(q[2 * i], q[2 * i + 1]);
+                _mm256_storeu_si256((__m256i *)(xq + r * k + b * BLOCK + 16 * i), _mm256_permute4x64_epi64(pair, 0xD8));
+            }
+            xd[r * (k / BLOCK) + b] = amax / 32767.0f;
+        }
+    }
+}
+
 /* The 32 4-bit values of a block, in order, one per byte (0 .. 15). */
 static inline __m256i nibbles(const uint8_t *p) {
     const __m128i raw = _mm_loadu_si128((const __m128i *)p);
@@ -82,13 +113,13 @@ static inline __m256i nibbles(const uint8_t *p) {
 
 static inline float half(uint16_t h) { return _cvtsh_ss(h); }
 
-/* Rows j .. j + rows - 1 (rows <= 4) of out for one activation row (a, ad, as): the
- * activations' absolute values are taken once per block for all of them. format is a
+/* Rows j .. j + rows - 1 (rows <= 4) of a 4-bit weight's out for one activation row (a, ad,
+ * as): the activations' absolute values are taken once per block for all of them. format is a
  * constant at every call, so each format gets its own loop. */
 static inline __attribute__((always_inline)) void dot_rows(int format, int rows, const uint8_t *w, const uint16_t *wd,
                                                            const uint16_t *wm, const int8_t *a, const float *ad,
                                                            const float *as, int64_t j, int64_t k, float *out) {
-    const int64_t blocks = k / BLOCK, stride = format == Q8_0 ? k : k / 2, bytes = format == Q8_0 ? BLOCK : BLOCK / 2;
+    const int64_t blocks = k / BLOCK;
     const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     float offset[4] = {0, 0, 0, 0};
@@ -96,11 +127,9 @@ static inline __attribute__((always_inline)) void dot_rows(int format, int rows,
         const __m256i ab = _mm256_loadu_si256((const __m256i *)(a + b * BLOCK));
         const __m256i magnitude = _mm256_sign_epi8(ab, ab);
         for (int t = 0; t < rows; t++) {
-            const uint8_t *src = w + (j + t) * stride + b * bytes;
+            const uint8_t *src = w + (j + t) * (k / 2) + b * (BLOCK / 2);
             __m256i pairs;
-            if (format == Q8_0)
-                pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)src), ab));
-            else if (format == Q4_0)
+            if (format == Q4_0)
                 pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(_mm256_sub_epi8(nibbles(src), eight), ab));
             else
                 pairs = _mm256_maddubs_epi16(nibbles(src), ab);
@@ -111,6 +140,28 @@ static inline __attribute__((always_inline)) void dot_rows(int format, int rows,
         }
     }
     for (int t = 0; t < rows; t++) out[j + t] = hsum(acc[t]) + offset[t];
+}
+
+/* dot_rows for Q8_0 and int16 activations: a block's 32 weights sign-extended to int16 meet
+ * them in two vpmaddwd (|q a| <= 128 · 32767, a block's sum well within int32). */
+static inline __attribute__((always_inline)) void dot_rows_q8(int rows, const uint8_t *w, const uint16_t *wd,
+                                                              const int16_t *a, const float *ad, int64_t j, int64_t k,
+                                                              float *out) {
+    const int64_t blocks = k / BLOCK;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < blocks; b++) {
+        const __m256i first = _mm256_loadu_si256((const __m256i *)(a + b * BLOCK));
+        const __m256i second = _mm256_loadu_si256((const __m256i *)(a + b * BLOCK + 16));
+        for (int t = 0; t < rows; t++) {
+            const uint8_t *src = w + (j + t) * k + b * BLOCK;
+            const __m256i low = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)src));
+            const __m256i high = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(src + 16)));
+            const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(low, first), _mm256_madd_epi16(high, second));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(ad[b] * half(wd[(j + t) * blocks + b])),
+                                     acc[t]);
+        }
+    }
+    for (int t = 0; t < rows; t++) out[j + t] = hsum(acc[t]);
 }
 
 /* Rows 8 g .. 8 g + 7 of out from their packed blocks (layout above: the pieces (g, b, s, j) of
@@ -149,35 +200,41 @@ static inline void dot_packed(const uint8_t *packed, int64_t groups, int64_t g, 
  * attnkit.kernels.packed_bytes gives): the values, fp16 scales and 4-bit minima. */
 int64_t attnkit_packed_bytes(int format) { return format == Q8_0 ? 8 * BLOCK + 8 * 2 : 8 * BLOCK / 2 + 8 * 2 * 2; }
 
-/* dot_packed for Q8_0: the pieces (g, b, s, j) of 4 bytes (s < 8), then the scales (g, b, j). */
-static inline void dot_packed_q8(const uint8_t *packed, int64_t groups, int64_t g, const int8_t *a, const float *ad,
+/* dot_packed for Q8_0 and int16 activations: the pieces (g, b, s, j) of 4 bytes (s < 8), then the
+ * scales (g, b, j). A piece's 32 bytes, sign-extended to int16 a half at a time (rows 0-3, then
+ * 4-7), meet 4 activations broadcast to every 64 bits in one vpmaddwd: two int32 sums a row,
+ * which one vphaddd adds at the block's end (rows then in the order 0 1 4 5 2 3 6 7). */
+static inline void dot_packed_q8(const uint8_t *packed, int64_t groups, int64_t g, const int16_t *a, const float *ad,
                                  int64_t k, float *out) {
     const int64_t blocks = k / BLOCK;
     const uint8_t *pieces = packed + g * blocks * 256;
     const uint16_t *scales = (const uint16_t *)(packed + groups * blocks * 256) + g * blocks * 8;
-    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *p = pieces + b * 256;
-        const int8_t *ab = a + b * BLOCK;
-        __m256i sums = _mm256_setzero_si256();
+        const int16_t *ab = a + b * BLOCK;
+        __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
         for (int s = 0; s < 8; s++) {
-            int32_t four;  /* the activations' bytes 4 s .. 4 s + 3 */
-            __builtin_memcpy(&four, ab + 4 * s, 4);
-            const __m256i x = _mm256_set1_epi32(four);
-            const __m256i w = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(p + 32 * s)), x);
-            sums = _mm256_add_epi32(sums, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), w), ones));
+            int64_t four;  /* the activations 4 s .. 4 s + 3 */
+            __builtin_memcpy(&four, ab + 4 * s, 8);
+            const __m256i x = _mm256_set1_epi64x(four);
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 32 * s));
+            low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(raw)), x));
+            high = _mm256_add_epi32(high, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(raw, 1)), x));
         }
+        const __m256i dots = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(low, high), order);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + b * 8)));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_set1_ps(ad[b])), acc);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_mul_ps(d, _mm256_set1_ps(ad[b])), acc);
     }
     _mm256_storeu_ps(out + 8 * g, acc);
 }
 
 /* The products of one activation matrix with ``count`` weights, out (m, Σ n_i) = x · [w_0; w_1; …]ᵀ:
  * q, k and v, or an FFN's gate and up, in one call, their rows shared among the threads as one
- * list of groups of 4 (a layer's whole work in one OpenMP region, its activations quantised once). */
-static inline __attribute__((always_inline)) void matmul(int format, const int8_t *xq, const float *xd,
+ * list of groups of 4 (a layer's whole work in one OpenMP region, its activations quantised once:
+ * xq int16 for Q8_0, else int8). */
+static inline __attribute__((always_inline)) void matmul(int format, const void *xq, const float *xd,
                                                          const float *xs, int count, const uint8_t *const *w,
                                                          const uint16_t *const *wd, const uint16_t *const *wm,
                                                          const uint8_t *const *packed, const int64_t *n, float *out,
@@ -199,9 +256,10 @@ static inline __attribute__((always_inline)) void matmul(int format, const int8_
             for (int64_t r = 0; r < m; r++) {
                 float *row = out + r * width + column[i];
                 if (format == Q8_0)
-                    dot_packed_q8(packed[i], eights[i], g, xq + r * k, xd + r * blocks, k, row);
+                    dot_packed_q8(packed[i], eights[i], g, (const int16_t *)xq + r * k, xd + r * blocks, k, row);
                 else
-                    dot_packed(packed[i], eights[i], g, xq + r * k, xd + r * blocks, xs + r * blocks, k, row);
+                    dot_packed(packed[i], eights[i], g, (const int8_t *)xq + r * k, xd + r * blocks, xs + r * blocks,
+                               k, row);
             }
             continue;
         }
@@ -209,10 +267,12 @@ static inline __attribute__((always_inline)) void matmul(int format, const int8_
         const int64_t j = 4 * (g - eights[i]), left = n[i] - 8 * eights[i] - j;
         const int rows = left < 4 ? (int)left : 4;
         for (int64_t r = 0; r < m; r++) {
-            const int8_t *a = xq + r * k;
+            const int8_t *a = (const int8_t *)xq + r * k;
             const float *ad = xd + r * blocks, *as = xs + r * blocks;
             float *row = out + r * width + column[i] + 8 * eights[i];
-            if (rows == 4)
+            if (format == Q8_0)
+                dot_rows_q8(rows, w[i], wd[i], (const int16_t *)xq + r * k, ad, j, k, row);
+            else if (rows == 4)
                 dot_rows(format, 4, w[i], wd[i], wm[i], a, ad, as, j, k, row);
             else
                 dot_rows(format, rows, w[i], wd[i], wm[i], a, ad, as, j, k, row);
@@ -231,23 +291,27 @@ int attnkit_block_matmul(int format, const float *x, int count, const uint8_t *c
     if (k % BLOCK) return 1;
     if (format != Q8_0 && format != Q4_0 && format != Q4_1) return 3;
     if (count < 1 || count > 8) return 4;
-    /* the quantised activations: one buffer per thread, kept and grown (no allocation per call) */
-    static _Thread_local int8_t *xq = NULL;
+    /* the quantised activations (2 bytes each, room for Q8_0's int16): one buffer per thread, kept
+     * and grown (no allocation per call) */
+    static _Thread_local void *xq = NULL;
     static _Thread_local float *xd = NULL;
     static _Thread_local int64_t held = 0;
     if (m * k > held) {
         free(xq);
         free(xd);
         held = (m * k + 4095) / 4096 * 4096;
-        xq = aligned_alloc(64, (size_t)held);
+        xq = aligned_alloc(64, 2 * (size_t)held);
         xd = malloc(sizeof(float) * (size_t)(2 * (held / BLOCK)));
         if (!xq || !xd) { free(xq); free(xd); xq = NULL; xd = NULL; held = 0; return 2; }
     }
     float *xs = xd + held / BLOCK;
-    quantize_blocks(x, m, k, xq, xd, xs);
-    if (format == Q8_0)
+    if (format == Q8_0) {
+        quantize_blocks16(x, m, k, xq, xd);
         matmul(Q8_0, xq, xd, xs, count, w, wd, wm, packed, n, out, m, k);
-    else if (format == Q4_0)
+        return 0;
+    }
+    quantize_blocks(x, m, k, xq, xd, xs);
+    if (format == Q4_0)
         matmul(Q4_0, xq, xd, xs, count, w, wd, wm, packed, n, out, m, k);
     else
         matmul(Q4_1, xq, xd, xs, count, w, wd, wm, packed, n, out, m, k);

@@ -160,9 +160,10 @@ def test_blocks_hold_the_weights_within_a_step(fmt: str) -> None:
 @pytest.mark.parametrize("m", [1, 8])
 def test_the_reference_is_the_dequantised_product(fmt: str, m: int) -> None:
     x, (data, d, mins), _ = operands(fmt, m, 64, 100)
-    xq, xd = kernels.quantize_activations(x)
-    assert int(xq.abs().max()) == 127 and xq.dtype == torch.int8
-    assert (xq.view(m, -1, 32).abs().amax(-1)[xd > 0] == 127).all()  # each block uses its range
+    levels = blocks.LEVELS[fmt]  # int16 activations for q8_0, int8 for the 4-bit formats
+    xq, xd = kernels.quantize_activations(x, levels)
+    assert int(xq.abs().max()) == levels and xq.dtype == (torch.int16 if fmt == "q8_0" else torch.int8)
+    assert (xq.view(m, -1, 32).abs().amax(-1)[xd > 0] == levels).all()  # each block uses its range
     activations = (xq.float().view(m, -1, 32) * xd[..., None]).view(m, -1)
     assert (activations - x).abs().max() <= xd.max() / 2 + 1e-6  # within half a step
     expected = activations.double() @ blocks.dequantize(fmt, data, d, mins).double().T
