@@ -43,27 +43,33 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
+/* The block of 32 at src as the integers round(x · levels / max|x|) (half to even, as torch.round),
+ * four vectors of 8 int32 in q; returns max|x|. */
+static inline float round_block(const float *src, float levels, __m256i q[4]) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], peak = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(src + 8 * i);
+        peak = _mm256_max_ps(peak, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 p = _mm_max_ps(_mm256_castps256_ps128(peak), _mm256_extractf128_ps(peak, 1));
+    p = _mm_max_ps(p, _mm_movehl_ps(p, p));
+    p = _mm_max_ss(p, _mm_movehdup_ps(p));
+    const float amax = _mm_cvtss_f32(p), inv = amax > 0 ? levels / amax : 0.0f;
+    for (int i = 0; i < 4; i++)
+        q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return amax;
+}
+
 /* x (m, k) fp32 -> xq (m, k) int8, xd (m, k / 32) fp32 and xs (m, k / 32) = xd · Σ xq:
  * round(x / d) with d = max|x| / 127. */
 static void quantize_blocks(const float *x, int64_t m, int64_t k, int8_t *xq, float *xd, float *xs) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     #pragma omp parallel for schedule(static) if (m > 1)
     for (int64_t r = 0; r < m; r++) {
         for (int64_t b = 0; b < k / BLOCK; b++) {
-            const float *src = x + r * k + b * BLOCK;
-            __m256 v[4], peak = _mm256_setzero_ps();
-            for (int i = 0; i < 4; i++) {
-                v[i] = _mm256_loadu_ps(src + 8 * i);
-                peak = _mm256_max_ps(peak, _mm256_andnot_ps(sign, v[i]));
-            }
-            __m128 p = _mm_max_ps(_mm256_castps256_ps128(peak), _mm256_extractf128_ps(peak, 1));
-            p = _mm_max_ps(p, _mm_movehl_ps(p, p));
-            p = _mm_max_ss(p, _mm_movehdup_ps(p));
-            const float amax = _mm_cvtss_f32(p), d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
             __m256i q[4];
-            for (int i = 0; i < 4; i++)  /* x · (127 / max), rounded half to even as torch.round */
-                q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)),
-                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            const float d = round_block(x + r * k + b * BLOCK, 127.0f, q) / 127.0f;
             const __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
             __m256i q01 = _mm256_packs_epi32(q[0], q[1]), q23 = _mm256_packs_epi32(q[2], q[3]);
             __m256i bytes = _mm256_packs_epi16(q01, q23);
@@ -77,24 +83,11 @@ static void quantize_blocks(const float *x, int64_t m, int64_t k, int8_t *xq, fl
 
 /* x (m, k) fp32 -> xq (m, k) int16 and xd (m, k / 32) fp32: round(x / d) with d = max|x| / 32767. */
 static void quantize_blocks16(const float *x, int64_t m, int64_t k, int16_t *xq, float *xd) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     #pragma omp parallel for schedule(static) if (m > 1)
     for (int64_t r = 0; r < m; r++) {
         for (int64_t b = 0; b < k / BLOCK; b++) {
-            const float *src = x + r * k + b * BLOCK;
-            __m256 v[4], peak = _mm256_setzero_ps();
-            for (int i = 0; i < 4; i++) {
-                v[i] = _mm256_loadu_ps(src + 8 * i);
-                peak = _mm256_max_ps(peak, _mm256_andnot_ps(sign, v[i]));
-            }
-            __m128 p = _mm_max_ps(_mm256_castps256_ps128(peak), _mm256_extractf128_ps(peak, 1));
-            p = _mm_max_ps(p, _mm_movehl_ps(p, p));
-            p = _mm_max_ss(p, _mm_movehdup_ps(p));
-            const float amax = _mm_cvtss_f32(p), inv = amax > 0 ? 32767.0f / amax : 0.0f;
             __m256i q[4];
-            for (int i = 0; i < 4; i++)  /* rounded half to even, as torch.round */
-                q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)),
-                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            const float amax = round_block(x + r * k + b * BLOCK, 32767.0f, q);
             for (int i = 0; i < 2; i++) {  /* packs interleaves 128-bit lanes: put them back in order */
                 const __m256i pair = _mm256_packs_epi32(q[2 * i], q[2 * i + 1]);
                 _mm256_storeu_si256((__m256i *)(xq + r * k + b * BLOCK + 16 * i), _mm256_permute4x64_epi64(pair, 0xD8));
