@@ -96,5 +96,9 @@ def serving() -> Callable:
     decoding eagerly unless the flags say ``--compile``: every batch layout of a compiled server
     compiles at its first step, which these tests are not about."""
     return lambda directory, *flags: spawn(
-        directory, *flags, *([] if "--compile" in flags else ["--no-compile"]), threads=1
+        directory,
+        *flags,
+        *([] if "--compile" in flags else ["--no-compile"]),
+        threads=1,
+        timeout=300 if "--compile" in flags else 90,  # a compiled server compiles before it listens
     )
