@@ -201,7 +201,7 @@ class ContinuousBatch:
         """Lay the batch out anew: room for ``rows`` requests (a power of two), the requests now in
         it first, their last ``length`` positions right-aligned at the new write position, and a
         capacity (a power of two) with room for ``HEADROOM`` steps after them."""
-        rows = 1 << max(rows - 1, 0).bit_length()
+        rows = compiled.bucket(rows, least=1)
         capacity = compiled.bucket(length + HEADROOM, self.model.config.max_len)
         device = self.model.embeddings.token.weight.device
         cache = self.model.decoder.new_cache(capacity=capacity, fixed=True)
@@ -244,8 +244,7 @@ class ContinuousBatch:
         self.cache.clock.advance()
         occupied = [row for row, r in enumerate(self.rows) if r is not None]
         index = torch.tensor(occupied, device=logits.device)
-        live = torch.zeros_like(self.next_position).index_fill_(0, index, 1)  # a free row stays at position 0
-        self.next_position = (self.next_position + 1) * live
+        self.next_position[index] += 1  # a free row stays at position 0
         requests = self.requests
         tokens, scores = self._choose(logits.index_select(0, index), requests)
         self.last[index] = tokens
