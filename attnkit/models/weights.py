@@ -16,8 +16,9 @@ int8, 4-bit, or a GGUF file's own blocks, behind the same ``forward`` and ``gene
   matmul, 285 µs fp32, 2.7 ms with fp32 inputs); those rows were int8 on AVX512-BF16 CPUs until
   2026-12-03, about 10% faster than the blocks there and 17 of fp32's greedy tokens where the
   blocks give all of them.
-* ``int4``: Q4_1 blocks (4-bit values with an fp16 scale and minimum per 32) through the same
-  kernel, on every CPU with AVX2; the vocabulary projection stays Q8_0, as in llama.cpp's 4-bit
+* ``int4``: Q4_1 blocks (4-bit values with an fp16 scale and minimum per 32, chosen per block by
+  least squares: :func:`attnkit.kernels.blocks.quantize`) through the same kernel, on every CPU
+  with AVX2; the vocabulary projection stays Q8_0, as in llama.cpp's 4-bit
   files (in 4 bits SmolLM2's held-out perplexity rose 8.5% against 0.6% with its Q8_0 head).
 * ``gguf``: a GGUF file's Q8_0, Q4_0 and Q4_1 tensors kept as the file's blocks
   (:func:`attnkit.interop.gguf.load_gguf`), its other tensors dequantised.
