@@ -36,7 +36,10 @@ import importlib.util
 import json
 import math
 import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -330,14 +333,43 @@ def run(
     return results, floors, demo, skipped
 
 
-def missing_llama_cpp() -> str | None:
-    """Why llama.cpp is not in the table, or None when ``llama-cpp-python`` is installed."""
+# A llama.cpp for an AMX CPU: its GGML_NATIVE build compiles ggml's AMX code, which crashed at the
+# first product on a 2-core Intel Xeon (2026-12-03); AVX-512 (VNNI, BF16) without AMX ran.
+_WITHOUT_AMX = (
+    "on a CPU with AMX build it without: "
+    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON '
+    '-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" '
+    "pip install --no-binary llama-cpp-python llama-cpp-python"
+)
+_PROBE = """import sys, llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_threads=2, n_ctx=64, verbose=False)
+llm.eval([llm.token_bos(), llm.token_bos()])
+"""
+
+
+def missing_llama_cpp(path: Path | None = None) -> str | None:
+    """Why llama.cpp is not in the table, or None when ``llama-cpp-python`` is installed and (with
+    ``path``) evaluates two tokens of that GGUF file in a child process: a build that crashes (as
+    one compiled for AMX did) is skipped with its signal and a build that runs, instead of taking
+    the benchmark down with it."""
     if importlib.util.find_spec("llama_cpp") is None:
         return (
             "llama.cpp is not installed (CMAKE_ARGS=-DGGML_NATIVE=ON pip install llama-cpp-python: "
-            "it builds from source, about 10 minutes on 2 cores)"
+            f"it builds from source, about 10 minutes on 2 cores; {_WITHOUT_AMX})"
         )
-    return None
+    if path is None:
+        return None
+    try:
+        probe = subprocess.run([sys.executable, "-c", _PROBE, str(path)], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "llama.cpp did not evaluate two tokens of the file within 300 s in a probe"
+    if probe.returncode == 0:
+        return None
+    how = (
+        f"signal {signal.Signals(-probe.returncode).name}" if probe.returncode < 0 else f"exit code {probe.returncode}"
+    )
+    last = probe.stderr.strip().splitlines()[-1:] or ["no output"]
+    return f"llama.cpp failed a probe of two tokens of the file ({how}: {last[0][:200]}); {_WITHOUT_AMX}"
 
 
 @contextlib.contextmanager
@@ -428,7 +460,7 @@ def smollm2(repeats: int = 5) -> tuple[list[Comparison], dict, dict[str, dict], 
     peers = ["transformers fp32"]
     llama_cpp = {}
     with contextlib.ExitStack() as stack:
-        reason = missing_llama_cpp()
+        reason = missing_llama_cpp(path)
         if reason is None:
             calls["llama.cpp"], llama_cpp = stack.enter_context(_llama_cpp(path, ids))
             peers.append("llama.cpp")

@@ -142,6 +142,36 @@ def test_decoding_reports_every_format_against_transformers_and_ctranslate2_or_w
     assert all(t > 0 for r in numbers["results"] for t in (*r["ours"], *r["peer"]))
 
 
+# Stand-ins for llama-cpp-python, put first on the paths of this process and the probe's.
+FAKE_LLAMA_CPP = {
+    "crashes": "import os, signal\n\nclass Llama:\n    def __init__(self, **_):\n"
+    "        os.kill(os.getpid(), signal.SIGSEGV)\n",
+    "fails": "class Llama:\n    def __init__(self, **_):\n        raise ValueError('failed to load model from file')\n",
+    "runs": "class Llama:\n    def __init__(self, **_):\n        pass\n\n    def token_bos(self):\n"
+    "        return 1\n\n    def eval(self, tokens):\n        pass\n",
+}
+
+
+@pytest.mark.parametrize("build", sorted(FAKE_LLAMA_CPP))
+def test_a_llama_cpp_that_crashes_on_the_file_is_skipped_with_why(
+    build: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A llama.cpp build that dies at its first product (as one built for AMX did) is skipped with
+    its signal and a build that runs, not run in the benchmark's own process."""
+    from benchmarks import decoding
+
+    (tmp_path / "llama_cpp").mkdir()
+    (tmp_path / "llama_cpp" / "__init__.py").write_text(FAKE_LLAMA_CPP[build])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    reason = decoding.missing_llama_cpp(tmp_path / "model.gguf")
+    if build == "runs":
+        assert reason is None
+        return
+    assert reason is not None and "\n" not in reason and "-DGGML_AMX_TILE=OFF" in reason
+    assert ("signal SIGSEGV" if build == "crashes" else "exit code 1: ValueError: failed to load model") in reason
+
+
 def test_crossing_finds_where_the_shifted_pretrained_curve_goes_below() -> None:
     from benchmarks.crossing import crossing
 
