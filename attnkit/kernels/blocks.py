@@ -8,9 +8,9 @@ scale ``d`` per block (n, k / 32):
 * ``q8_0``: ``w = q · d``, ``q`` int8 (n, k), ``d = max|w| / 127``;
 * ``q4_0``: ``w = (u - 8) · d``, ``u`` in 0..15 packed two to a byte (n, k / 2), ``d = w* / -8``
   where ``w*`` is the block's value of largest magnitude (it maps to -8 exactly);
-* ``q4_1``: ``w = u · d + m``, ``u`` as ``q4_0``'s, ``d`` and ``m`` (fp16, n, k / 32) the block's
-  scale and minimum of least squared error found (:func:`_fit_q4_1`), where llama.cpp's reference
-  takes ``d = (max - min) / 15`` and ``m = min``.
+* ``q4_1``: ``w = u · d + m``, ``u`` as ``q4_0``'s, ``d`` and the offset ``m`` (GGUF's "min"; fp16,
+  n, k / 32) the block's grid of least squared error found (:func:`_fit_q4_1`), where llama.cpp's
+  reference takes ``d = (max - min) / 15`` and ``m = min``.
 
 A 4-bit block's byte i holds ``u_i`` in its low nibble and ``u_{i+16}`` in its high one, GGUF's
 order, so a GGUF file's blocks are used as they are. The activations meet them quantised per block
@@ -105,13 +105,13 @@ _FIT_BLOCKS = 4096  # blocks fitted at a time: 512 KiB of fp32 (3072 x 768: 0.06
 
 
 def _fit_q4_1(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Each block's Q4_1 values, scale and minimum ((n, b, 32), (n, b), (n, b)) with the least squared
-    error found: the block's min-max grid (llama.cpp's ``quantize_row_q4_1_ref``; the start, and
-    the result on a tie), and for each stretch t in ``SEARCH`` the values that a grid of ``15 + t``
-    steps across the block's span gives, refitted to the block by least squares (scale and
-    minimum; llama.cpp's ``make_qkx2_quants`` searches its K-quants so, with weights). Never worse
-    than min-max on any block; a block that is already a Q4_1 grid (a GGUF file's, dequantised)
-    comes back as it was."""
+    """Each block's Q4_1 values, scale and offset ((n, b, 32), (n, b), (n, b)) with the least
+    squared error found: for each stretch t in ``SEARCH``, the values that a grid of ``15 + t``
+    steps across the block's span gives, refitted to the block by least squares (scale and offset;
+    llama.cpp's ``make_qkx2_quants`` searches its K-quants so, with weights); the best of them
+    where it beats the block's min-max grid (llama.cpp's ``quantize_row_q4_1_ref``), else that
+    grid. Never worse than min-max on any block; a block that is already a Q4_1 grid (a GGUF
+    file's, dequantised) comes back as it was."""
     flat = w.reshape(-1, BLOCK)  # (N, 32)
     fits = [_fit_q4_1_blocks(flat[i : i + _FIT_BLOCKS]) for i in range(0, len(flat), _FIT_BLOCKS)]
     u, d, m = (torch.cat(parts) for parts in zip(*fits, strict=True))
@@ -119,18 +119,20 @@ def _fit_q4_1(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _fit_q4_1_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`_fit_q4_1` of blocks ``w`` (N, 32). A candidate's error is that of its least-squares
-    fit, from the sums the fit takes; the best is then rounded as stored (fp16 d and m, u again)
-    and kept where it beats min-max exactly."""
+    """:func:`_fit_q4_1` of blocks ``w`` (N, 32). The fits are of the block less its minimum (no
+    cancellation in the sums where a block sits far from 0); a candidate's error is its fit's,
+    from the sums the fit takes; the best is then rounded as stored (fp16 d and m, u again) and
+    kept where it beats min-max exactly."""
     low, high = w.amin(-1), w.amax(-1)  # (N,)
     span = high - low
-    shifted, sum_x, sum_xx = w - low[:, None], w.sum(-1), w.square().sum(-1)
+    x = w - low[:, None]  # (N, 32), in [0, span]
+    sum_x, sum_xx = x.sum(-1), x.square().sum(-1)
     best_error = torch.full_like(span, torch.inf)
-    best_d, best_m = span / 15, low
+    best_d, best_m = span / 15, torch.zeros_like(span)  # of x: its offset is m - low
     for t in SEARCH:
         steps = torch.where(span > 0, (15 + t) / span, torch.zeros_like(span))
-        u = torch.round(shifted * steps[:, None]).clamp_(0, 15)
-        sum_u, sum_uu, sum_ux = u.sum(-1), u.square().sum(-1), (u * w).sum(-1)
+        u = torch.round(x * steps[:, None]).clamp_(0, 15)
+        sum_u, sum_uu, sum_ux = u.sum(-1), u.square().sum(-1), (u * x).sum(-1)
         det = BLOCK * sum_uu - sum_u.square()  # 0 where every u is equal: no fit
         d = (BLOCK * sum_ux - sum_u * sum_x) / det
         m = (sum_uu * sum_x - sum_u * sum_ux) / det
@@ -142,7 +144,7 @@ def _fit_q4_1_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             torch.where(better, m, best_m),
             torch.where(better, error, best_error),
         )
-    u, d, m, error = _round_q4_1(w, best_d, best_m)
+    u, d, m, error = _round_q4_1(w, best_d, best_m + low)
     plain_u, plain_d, plain_m, plain_error = _round_q4_1(w, span / 15, low)
     keep = error < plain_error  # (N,)
     return torch.where(keep[:, None], u, plain_u), torch.where(keep, d, plain_d), torch.where(keep, m, plain_m)
