@@ -336,40 +336,47 @@ def run(
 # A llama.cpp for an AMX CPU: its GGML_NATIVE build compiles ggml's AMX code, which crashed at the
 # first product on a 2-core Intel Xeon (2026-12-03); AVX-512 (VNNI, BF16) without AMX ran.
 _WITHOUT_AMX = (
-    "on a CPU with AMX build it without: "
+    "on a CPU with AMX, build it without: "
     'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON '
     '-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" '
-    "pip install --no-binary llama-cpp-python llama-cpp-python"
+    "pip install --force-reinstall --no-cache-dir llama-cpp-python"
 )
-_PROBE = """import sys, llama_cpp
-llm = llama_cpp.Llama(model_path=sys.argv[1], n_threads=2, n_ctx=64, verbose=False)
-llm.eval([llm.token_bos(), llm.token_bos()])
+_LLAMA_OPTIONS = {"n_threads": 2, "n_threads_batch": 2, "n_ctx": 256, "verbose": False}  # the benchmark's
+_PROBE = f"""import sys, llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], **{_LLAMA_OPTIONS!r})
+tokens = llm.generate([int(t) for t in sys.argv[2].split(",")], top_k=1, temp=0.0, reset=True)
+next(tokens), next(tokens)
 """
+PROBE_SECONDS = 300
 
 
-def missing_llama_cpp(path: Path | None = None) -> str | None:
-    """Why llama.cpp is not in the table, or None when ``llama-cpp-python`` is installed and (with
-    ``path``) evaluates two tokens of that GGUF file in a child process: a build that crashes (as
-    one compiled for AMX did) is skipped with its signal and a build that runs, instead of taking
-    the benchmark down with it."""
+def missing_llama_cpp(path: Path | None = None, prompt: list[int] | None = None) -> str | None:
+    """Why llama.cpp is not in the table, or None when ``llama-cpp-python`` is installed and (given
+    a GGUF file and a prompt) decodes two tokens of it in a child process as the benchmark will: a
+    build that crashes there (as one compiled for AMX did) is skipped with its signal and a build
+    that runs, instead of taking the benchmark down with it."""
     if importlib.util.find_spec("llama_cpp") is None:
         return (
             "llama.cpp is not installed (CMAKE_ARGS=-DGGML_NATIVE=ON pip install llama-cpp-python: "
             f"it builds from source, about 10 minutes on 2 cores; {_WITHOUT_AMX})"
         )
-    if path is None:
+    if path is None or prompt is None:
         return None
+    command = [sys.executable, "-c", _PROBE, str(path), ",".join(map(str, prompt))]
     try:
-        probe = subprocess.run([sys.executable, "-c", _PROBE, str(path)], capture_output=True, text=True, timeout=300)
+        probe = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_SECONDS)
     except subprocess.TimeoutExpired:
-        return "llama.cpp did not evaluate two tokens of the file within 300 s in a probe"
+        return f"llama.cpp did not decode two tokens of the file within {PROBE_SECONDS} s in a probe; {_WITHOUT_AMX}"
     if probe.returncode == 0:
         return None
-    how = (
-        f"signal {signal.Signals(-probe.returncode).name}" if probe.returncode < 0 else f"exit code {probe.returncode}"
-    )
-    last = probe.stderr.strip().splitlines()[-1:] or ["no output"]
-    return f"llama.cpp failed a probe of two tokens of the file ({how}: {last[0][:200]}); {_WITHOUT_AMX}"
+    last = (probe.stderr.strip().splitlines() or ["no output"])[-1][:200]
+    if probe.returncode > 0:
+        return f"llama.cpp failed a probe of two tokens of the file (exit code {probe.returncode}: {last})"
+    try:
+        name = signal.Signals(-probe.returncode).name
+    except ValueError:
+        name = str(-probe.returncode)
+    return f"llama.cpp crashed in a probe of two tokens of the file (signal {name}: {last}); {_WITHOUT_AMX}"
 
 
 @contextlib.contextmanager
@@ -378,7 +385,7 @@ def _llama_cpp(path: Path, ids: torch.Tensor) -> Iterator[tuple[Callable[[], lis
     its prompt evaluated afresh each call (no prefix cache), and how it was built; closed after."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(path), n_threads=2, n_threads_batch=2, n_ctx=256, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(path), **_LLAMA_OPTIONS)
     prompt = ids[0].tolist()
 
     def greedy() -> list[int]:
@@ -460,7 +467,7 @@ def smollm2(repeats: int = 5) -> tuple[list[Comparison], dict, dict[str, dict], 
     peers = ["transformers fp32"]
     llama_cpp = {}
     with contextlib.ExitStack() as stack:
-        reason = missing_llama_cpp(path)
+        reason = missing_llama_cpp(path, ids[0].tolist())
         if reason is None:
             calls["llama.cpp"], llama_cpp = stack.enter_context(_llama_cpp(path, ids))
             peers.append("llama.cpp")

@@ -144,11 +144,11 @@ def test_decoding_reports_every_format_against_transformers_and_ctranslate2_or_w
 
 # Stand-ins for llama-cpp-python, put first on the paths of this process and the probe's.
 FAKE_LLAMA_CPP = {
-    "crashes": "import os, signal\n\nclass Llama:\n    def __init__(self, **_):\n"
-    "        os.kill(os.getpid(), signal.SIGSEGV)\n",
+    "crashes": "import os, signal\n\nclass Llama:\n    def __init__(self, **_):\n        pass\n\n"
+    "    def generate(self, tokens, **_):\n        os.kill(os.getpid(), signal.SIGSEGV)\n",
     "fails": "class Llama:\n    def __init__(self, **_):\n        raise ValueError('failed to load model from file')\n",
-    "runs": "class Llama:\n    def __init__(self, **_):\n        pass\n\n    def token_bos(self):\n"
-    "        return 1\n\n    def eval(self, tokens):\n        pass\n",
+    "runs": "class Llama:\n    def __init__(self, model_path, n_threads, n_threads_batch, n_ctx, verbose):\n"
+    "        pass\n\n    def generate(self, tokens, top_k, temp, reset):\n        return iter(tokens)\n",
 }
 
 
@@ -156,20 +156,23 @@ FAKE_LLAMA_CPP = {
 def test_a_llama_cpp_that_crashes_on_the_file_is_skipped_with_why(
     build: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A llama.cpp build that dies at its first product (as one built for AMX did) is skipped with
-    its signal and a build that runs, not run in the benchmark's own process."""
+    """A llama.cpp build that dies decoding the benchmark's prompt (as one built for AMX did) is
+    skipped with its signal and a build that runs, not run in the benchmark's own process."""
     from benchmarks import decoding
 
     (tmp_path / "llama_cpp").mkdir()
     (tmp_path / "llama_cpp" / "__init__.py").write_text(FAKE_LLAMA_CPP[build])
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    reason = decoding.missing_llama_cpp(tmp_path / "model.gguf")
+    reason = decoding.missing_llama_cpp(tmp_path / "model.gguf", [1, 504, 3])
     if build == "runs":
         assert reason is None
         return
-    assert reason is not None and "\n" not in reason and "-DGGML_AMX_TILE=OFF" in reason
-    assert ("signal SIGSEGV" if build == "crashes" else "exit code 1: ValueError: failed to load model") in reason
+    assert reason is not None and "\n" not in reason
+    if build == "crashes":
+        assert "signal SIGSEGV" in reason and "-DGGML_AMX_TILE=OFF" in reason and "--force-reinstall" in reason
+    else:  # not a crash: no advice about AMX
+        assert "exit code 1: ValueError: failed to load model" in reason and "AMX" not in reason
 
 
 def test_crossing_finds_where_the_shifted_pretrained_curve_goes_below() -> None:
