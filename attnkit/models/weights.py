@@ -7,8 +7,8 @@ int8, 4-bit, or a GGUF file's own blocks, behind the same ``forward`` and ``gene
   log-probabilities of the logits in fp32.
 * ``int8``: every linear map and the vocabulary projection in llama.cpp's Q8_0 blocks of 32, the
   activations fp32, quantised per block to int16 at each product, and the integer dot products
-  run in attnkit's AVX2 kernel (:mod:`attnkit.kernels`), on every x86-64 CPU with AVX2: the same
-  numbers on every CPU class, and fp32's greedy tokens where int8 activations (and bf16's) flipped
+  run in attnkit's C kernel (:mod:`attnkit.kernels`: AVX2 on every x86-64 CPU that has it, NEON on
+  ARM64): the same numbers on every CPU class, and fp32's greedy tokens where int8 activations (and bf16's) flipped
   near-ties. Where that kernel cannot run but bf16 is native: ``W ≈ Q · diag(s)`` row by row,
   ``Q`` in [-127, 127], the product dequantising on the fly in ``torch._weight_int8pack_mm``
   with the activations, embeddings, norms and biases in bf16 (that kernel is fast only for bf16
@@ -113,7 +113,7 @@ def finish_format(model: Model, weights: str) -> Model:
 
 def runs_fast(weights: str, device: torch.device) -> bool:
     """Whether ``device`` runs ``weights`` faster than emulation: bf16 where it is native, int8
-    there or through attnkit's AVX2 kernel, int4 and GGUF blocks through that kernel."""
+    there or through attnkit's C kernel (AVX2 or NEON), int4 and GGUF blocks through that kernel."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights={weights!r} is not a weight format; use one of {', '.join(WEIGHT_FORMATS)}")
     blocks = device.type == "cpu" and kernels.available()
@@ -127,9 +127,7 @@ def format_for(weights: str, device: torch.device) -> str:
     if runs_fast(weights, device):
         return weights
     instead = next(f for f in ("int8", "fp32") if runs_fast(f, device))
-    need = (
-        "native bf16 (AVX512-BF16 or AMX)" if weights == "bf16" else "attnkit's AVX2 kernel (see the log for why not)"
-    )
+    need = "native bf16 (AVX512-BF16 or AMX)" if weights == "bf16" else "attnkit's C kernel (see the log for why not)"
     log.warning("weights=%r needs %s, which this %s lacks; using %r", weights, need, device.type, instead)
     return instead
 

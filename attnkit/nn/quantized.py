@@ -106,7 +106,7 @@ class BlockLinear(Quantized):
     """Weights in llama.cpp's blocks of 32 (``layout``: q8_0, q4_0 or q4_1; :mod:`attnkit.kernels.blocks`)
     times fp32 activations through :func:`attnkit.kernels.block_matmuls` (:func:`products` of one layer).
 
-    Where the AVX2 kernel runs (on the CPU), the layer holds its blocks split as that kernel reads
+    Where the C kernel runs (on the CPU), the layer holds its blocks split as that kernel reads
     them fastest (:func:`attnkit.kernels.split`, 2-3x faster per product at batch 1): ``packed``
     (a buffer that is not saved) its groups of 8 rows, and ``blocks``, ``block_scales``,
     ``block_mins`` only the rows after them; the weights are held once. Its state dict, what is
@@ -156,9 +156,9 @@ class BlockLinear(Quantized):
             self.packed, self._packed_from = None, None
 
     def repack(self) -> None:
-        """Split the blocks for the AVX2 kernel where it runs (on the CPU), else hold them whole."""
+        """Split the blocks for the C kernel where it runs (on the CPU), else hold them whole."""
         self.unsplit()
-        if self.blocks.device.type == "cpu" and kernels.available("avx2"):
+        if self.blocks.device.type == "cpu" and kernels.available():
             self.blocks, self.block_scales, self.block_mins, self.packed = kernels.split(
                 self.layout, self.blocks, self.block_scales, self.block_mins
             )

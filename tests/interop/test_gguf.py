@@ -113,8 +113,8 @@ def test_chat_renders_the_template_as_transformers_and_streams_the_answer(
 
 @pytest.fixture(scope="module")
 def blocks_model(smollm2_gguf: Path) -> torch.nn.Module:
-    if not kernels.available("avx2"):
-        pytest.skip("this CPU or machine cannot run the AVX2 kernel that computes on GGUF blocks")
+    if not kernels.available():
+        pytest.skip("this CPU or machine cannot run its C kernel that computes on GGUF blocks")
     return attnkit.from_pretrained(smollm2_gguf, weights="gguf")
 
 

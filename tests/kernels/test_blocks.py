@@ -1,4 +1,4 @@
-"""The block kernel of attnkit.kernels: the AVX2 C code (forced, where this CPU runs it) equal to
+"""The block kernel of attnkit.kernels: the machine's C code (AVX2 or NEON, forced, where it runs) equal to
 its PyTorch reference for every format on odd shapes at batch 1 and 8, their packed groups too;
 Q8_0's and Q4_0's blocks within a step of the weights they quantise, Q4_1's no further from them
 than llama.cpp's quantiser puts them; the reference equal to the product of the dequantised
@@ -22,7 +22,7 @@ from torch.testing import assert_close
 from attnkit import kernels
 from attnkit.kernels import blocks
 
-needs_avx2 = pytest.mark.skipif(not kernels.available("avx2"), reason="this CPU or machine cannot run the AVX2 kernel")
+needs_c = pytest.mark.skipif(not kernels.available(), reason="this machine cannot build or run its C kernel")
 
 
 def operands(fmt: str, m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, tuple, torch.Tensor]:
@@ -37,20 +37,20 @@ def operands(fmt: str, m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Ten
     return x, kernels.quantize(w, fmt), w
 
 
-@needs_avx2
+@needs_c
 @pytest.mark.parametrize("fmt", kernels.FORMATS)
 @pytest.mark.parametrize("m", [1, 8, kernels.DENSE_ROWS + 3])
 @pytest.mark.parametrize(("n", "k"), [(37, 50), (129, 100), (5, 32), (300, 777)])
-def test_the_avx2_kernel_equals_the_reference(fmt: str, m: int, n: int, k: int) -> None:
+def test_the_c_kernel_equals_the_reference(fmt: str, m: int, n: int, k: int) -> None:
     x, weight, _ = operands(fmt, m, n, k)
     expected = kernels.block_matmul(x, fmt, *weight, kernel="reference")
-    got = kernels.block_matmul(x, fmt, *weight, kernel="avx2")
+    got = kernels.block_matmul(x, fmt, *weight, kernel=kernels.native())
     assert got.shape == (m, n) and got.dtype == torch.float32
     assert_close(got, expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
     assert_close(kernels.block_matmul(x, fmt, *weight), expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
 
 
-@needs_avx2
+@needs_c
 @pytest.mark.parametrize("fmt", kernels.FORMATS)
 @pytest.mark.parametrize("m", [1, 8, kernels.DENSE_ROWS + 3])
 @pytest.mark.parametrize(("n", "k"), [(37, 50), (129, 100), (8, 32), (300, 777)])
@@ -65,10 +65,10 @@ def test_the_packed_blocks_give_the_reference(fmt: str, m: int, n: int, k: int) 
     assert rest[0].shape[0] == n % 8 and kernels.rows(fmt, rest[0], packed, x.shape[1]) == n
     expected = kernels.matmul_reference(x, fmt, *weight)
     assert_close(kernels.block_matmul(x, fmt, *rest, kernel="reference", packed=packed), expected)
-    got = kernels.block_matmul(x, fmt, *rest, kernel="avx2", packed=packed)
+    got = kernels.block_matmul(x, fmt, *rest, kernel=kernels.native(), packed=packed)
     assert_close(got, expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
     other = operands(fmt, m, 13, k, seed=4)[1]
-    both = kernels.block_matmuls(x, fmt, [other, (*rest, packed)], kernel="avx2")
+    both = kernels.block_matmuls(x, fmt, [other, (*rest, packed)], kernel=kernels.native())
     alone = torch.cat([kernels.matmul_reference(x, fmt, *other), expected], dim=-1)
     assert_close(both, alone, atol=1e-5 * alone.abs().max().item(), rtol=1e-5)
 
@@ -96,9 +96,9 @@ def test_packing_rearranges_the_blocks(fmt: str) -> None:
         assert (got is None and want is None) or (got.dtype == want.dtype and torch.equal(got, want))
 
 
-@needs_avx2
+@needs_c
 def test_the_c_kernel_and_pack_agree_on_a_packed_groups_size() -> None:
-    size = kernels._avx2_library().attnkit_packed_bytes  # what the op's C++ kernel counts rows by
+    size = kernels._library().attnkit_packed_bytes  # what the op's C++ kernel counts rows by
     size.restype = ctypes.c_int64
     for code, fmt in enumerate(kernels.FORMATS):
         assert size(code) == kernels.packed_bytes(fmt) == {"q8_0": 272, "q4_0": 160, "q4_1": 160}[fmt]
@@ -116,7 +116,7 @@ def test_packed_blocks_that_do_not_fit_are_refused() -> None:
         kernels.block_matmul(x, "q4_0", *weight, packed=packed)
 
 
-@pytest.mark.parametrize("kernel", [pytest.param("avx2", marks=needs_avx2), "reference"])
+@pytest.mark.parametrize("kernel", [pytest.param(kernels.native(), marks=needs_c), "reference"])
 @pytest.mark.parametrize("fmt", kernels.FORMATS)
 @pytest.mark.parametrize("m", [1, 8])
 def test_several_weights_in_one_call_equal_each_alone(kernel: str, fmt: str, m: int) -> None:
@@ -131,7 +131,7 @@ def test_several_weights_in_one_call_equal_each_alone(kernel: str, fmt: str, m: 
         kernels.block_matmuls(x, fmt, weights * 3, kernel=kernel)
 
 
-@pytest.mark.parametrize("kernel", [pytest.param("avx2", marks=needs_avx2), "reference"])
+@pytest.mark.parametrize("kernel", [pytest.param(kernels.native(), marks=needs_c), "reference"])
 @pytest.mark.parametrize("fmt", kernels.FORMATS)
 def test_many_rows_meet_the_dequantised_weight_unquantised(kernel: str, fmt: str) -> None:
     x, weight, _ = operands(fmt, kernels.DENSE_ROWS, 37, 100)
@@ -226,8 +226,12 @@ def test_the_reference_is_the_dequantised_product(fmt: str, m: int) -> None:
 
 def test_a_kernel_that_cannot_run_is_named_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     x, weight, _ = operands("q8_0", 1, 4, 32)
-    with pytest.raises(ValueError, match="kernel='neon' is not a block kernel; use one of auto, avx2, reference"):
-        kernels.block_matmul(x, "q8_0", *weight, kernel="neon")
+    with pytest.raises(ValueError, match="kernel='sse' is not a block kernel; use one of auto, avx2, neon, reference"):
+        kernels.block_matmul(x, "q8_0", *weight, kernel="sse")
+    other = "neon" if kernels.native() == "avx2" else "avx2"
+    wrong = f"the {kernels.TITLES[other]} block kernel runs on {kernels.ARCHITECTURES[other]} CPUs, not this"
+    with pytest.raises(kernels.KernelUnavailableError, match=wrong):
+        kernels.block_matmul(x, "q8_0", *weight, kernel=other)
     with pytest.raises(ValueError, match="format='q5_k' is not a block format; use one of q8_0, q4_0, q4_1"):
         kernels.block_matmul(x, "q5_k", *weight)
     with pytest.raises(ValueError, match="need one k, a multiple of 32"):
@@ -239,34 +243,35 @@ def test_a_kernel_that_cannot_run_is_named_in_one_line(tmp_path: Path, monkeypat
     kernels._build.cache_clear()
     kernels._auto.cache_clear()
     try:
-        if not kernels.cpu_flags() >= kernels.FEATURES:
-            pytest.skip("this CPU has no AVX2: the missing feature is the error, tested below")
+        if not kernels.cpu_flags() >= kernels.FEATURES[kernels.native()]:
+            pytest.skip("this CPU lacks a feature its kernel needs: that is the error, tested below")
         with pytest.raises(kernels.KernelUnavailableError, match="there is no C compiler \\('no-such-compiler'\\)"):
-            kernels.block_matmul(x, "q8_0", *weight, kernel="avx2")
+            kernels.block_matmul(x, "q8_0", *weight, kernel=kernels.native())
         reference = kernels.block_matmul(x, "q8_0", *weight, kernel="reference")
         assert_close(kernels.block_matmul(x, "q8_0", *weight), reference)  # auto falls back
     finally:
         kernels._build.cache_clear()
         kernels._auto.cache_clear()
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"sse2"}))
+    needs = ", ".join(sorted(kernels.FEATURES[kernels.native()]))
     try:
-        with pytest.raises(kernels.KernelUnavailableError, match="needs avx2, f16c, fma, which this CPU lacks"):
-            kernels.block_matmul(x, "q8_0", *weight, kernel="avx2")
+        with pytest.raises(kernels.KernelUnavailableError, match=f"needs {needs}, which this CPU lacks"):
+            kernels.block_matmul(x, "q8_0", *weight, kernel=kernels.native())
     finally:
         kernels._build.cache_clear()
 
 
-@needs_avx2
+@needs_c
 @pytest.mark.parametrize("fmt", kernels.FORMATS)
 @pytest.mark.parametrize("m", [1, 8, kernels.DENSE_ROWS + 3])
 def test_the_ops_python_kernel_equals_its_cpp_kernel(fmt: str, m: int) -> None:
-    """The op's two CPU kernels (C++ where it builds, :func:`kernels._run_avx2` where it does not)
+    """The op's two CPU kernels (C++ where it builds, :func:`kernels._run_ctypes` where it does not)
     call the same C code: equal outputs, packed and unpacked weights side by side."""
     x, first, _ = operands(fmt, m, 37, 100, seed=1)
     second = operands(fmt, m, 129, 100, seed=2)[1]
     weights = [first, kernels.split(fmt, *second)]
     lists = kernels._lists(weights)
-    python = kernels._run_avx2(x, fmt, *lists)
+    python = kernels._run_ctypes(x, fmt, *lists)
     assert_close(torch.ops.attnkit.block_matmul(x, fmt, *lists), python, atol=0, rtol=0)
     expected = kernels.block_matmuls(x, fmt, weights, kernel="reference")
     assert_close(python, expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
@@ -284,7 +289,7 @@ print(kernels._register())
 """
 
 
-@needs_avx2
+@needs_c
 def test_without_a_cpp_compiler_the_op_runs_its_python_kernel(tmp_path: Path) -> None:
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "CXX": "no-such-compiler"}
     done = subprocess.run([sys.executable, "-c", FALLBACK], env=env, capture_output=True, text=True, timeout=300)
@@ -293,7 +298,7 @@ def test_without_a_cpp_compiler_the_op_runs_its_python_kernel(tmp_path: Path) ->
     assert "the block op's C++ kernel: there is no C++ compiler ('no-such-compiler')" in done.stderr
 
 
-@needs_avx2
+@needs_c
 def test_the_cpp_kernel_refuses_what_the_c_code_cannot_take() -> None:
     x, weight, _ = operands("q8_0", 1, 8, 64)
     lists = kernels._lists([weight])
