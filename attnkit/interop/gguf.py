@@ -1,6 +1,13 @@
 """GGUF files (llama.cpp's format) in: a Llama checkpoint, its quantised blocks dequantised or kept
-as they are (Q8_0, Q4_0, Q4_1), and its byte-level BPE tokenizer, read with the ``gguf`` package
+as blocks attnkit computes on, and its byte-level BPE tokenizer, read with the ``gguf`` package
 into attnkit's own model.
+
+Kept as blocks (``keep_blocks``, ``weights="gguf"``): Q8_0, Q4_0 and Q4_1 as the file holds them;
+Q4_K as Q4_1, its 4-bit values as they are (each superblock of 256 is eight blocks of 32 with a
+6-bit scale and minimum times the superblock's fp16 ones: their products, rounded to fp16, are
+the blocks' scale and minimum); every other quantised type the ``gguf`` package reads (Q5_0,
+Q5_1, Q2_K, Q3_K, Q5_K, Q6_K, the IQ types) requantised to Q8_0 from its values, finer than any
+of them (within half an int8 step of each block's largest value). Float tensors stay float.
 
 The only place that knows GGUF's tensor and metadata names. llama.cpp stores the query and
 key projections permuted for its interleaved rotary layout; they are permuted back to
@@ -9,6 +16,7 @@ Llama's halves layout, so the model is the one ``transformers`` loads from the s
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -102,25 +110,73 @@ def _unpermute(w: Tensor, heads: int) -> Tensor:
 # GGUF's block types attnkit computes on as they are: its layout, bytes per block, header bytes
 # (the fp16 scale, and Q4_1's fp16 minimum) before the values.
 _BLOCKS = {"Q8_0": ("q8_0", 34, 2), "Q4_0": ("q4_0", 18, 2), "Q4_1": ("q4_1", 20, 4)}
+_FLOATS = ("F32", "F16", "BF16", "F64")  # not blocks: loaded as float
+_Q4_K_BYTES = 144  # a Q4_K superblock of 256: fp16 d and dmin, 12 bytes of 6-bit scales and minima, 128 of values
 
 
-def _split_blocks(tensor: Any, path: Path) -> tuple[str, Tensor, Tensor, Tensor | None]:
-    """A Q8_0/Q4_0/Q4_1 tensor's bytes (rows, blocks · size) as separate values, fp16 scales and
-    (Q4_1) minima, copied without dequantising; a truncated or non-finite block names the tensor."""
-    layout, size, header = _BLOCKS[tensor.tensor_type.name]
+def _raw_blocks(tensor: Any, path: Path, size: int) -> Tensor:
+    """A quantised tensor's bytes as (rows, blocks, size) uint8; a truncated tensor names itself."""
     raw = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
     if raw.dim() != 2 or raw.shape[1] % size:
         raise ValueError(
             f"{path}: tensor {tensor.name} ({tensor.tensor_type.name}) has {tuple(raw.shape)} bytes, not whole "
             f"blocks of {size}; the file is truncated or corrupt"
         )
-    raw = raw.reshape(raw.shape[0], -1, size)  # (rows, blocks, size)
+    return raw.reshape(raw.shape[0], -1, size)
+
+
+def _finite(tensor: Any, path: Path, *scales: Tensor | None) -> None:
+    if not all(bool(torch.isfinite(t).all()) for t in scales if t is not None):
+        raise ValueError(f"{path}: tensor {tensor.name} has a block scale that is NaN or Inf; the file is corrupt")
+
+
+def _split_blocks(tensor: Any, path: Path) -> tuple[str, Tensor, Tensor, Tensor | None]:
+    """A Q8_0/Q4_0/Q4_1 tensor's bytes (rows, blocks · size) as separate values, fp16 scales and
+    (Q4_1) minima, copied without dequantising; a truncated or non-finite block names the tensor."""
+    layout, size, header = _BLOCKS[tensor.tensor_type.name]
+    raw = _raw_blocks(tensor, path, size)  # (rows, blocks, size)
     d = raw[..., 0:2].contiguous().view(torch.float16).squeeze(-1)  # (rows, blocks)
     m = raw[..., 2:4].contiguous().view(torch.float16).squeeze(-1) if layout == "q4_1" else None
-    if not all(bool(torch.isfinite(t).all()) for t in (d, m) if t is not None):
-        raise ValueError(f"{path}: tensor {tensor.name} has a block scale that is NaN or Inf; the file is corrupt")
+    _finite(tensor, path, d, m)
     data = raw[..., header:].reshape(raw.shape[0], -1)
     return layout, data.view(torch.int8) if layout == "q8_0" else data.contiguous(), d, m
+
+
+def _q4_k_blocks(tensor: Any, path: Path) -> tuple[str, Tensor, Tensor, Tensor]:
+    """A Q4_K tensor as Q4_1 blocks: the values as they are (rearranged into Q4_1's nibble order),
+    each block of 32's scale ``d · sc`` and minimum ``-dmin · m`` rounded to fp16 (llama.cpp's
+    ``get_scale_min_k4`` unpacks the 6-bit ``sc`` and ``m``)."""
+    raw = _raw_blocks(tensor, path, _Q4_K_BYTES)  # (rows, supers, 144)
+    d, dmin = (raw[..., i : i + 2].contiguous().view(torch.float16).float() for i in (0, 2))  # (rows, supers, 1)
+    low, high, extra = raw[..., 4:8], raw[..., 8:12], raw[..., 12:16]  # the 12 bytes of scales and minima
+    sc = torch.cat([low & 63, (extra & 15) | ((low >> 2) & 48)], -1).float()  # (rows, supers, 8)
+    mn = torch.cat([high & 63, (extra >> 4) | ((high >> 2) & 48)], -1).float()
+    scale, minimum = (d * sc).half(), (-dmin * mn).half()
+    _finite(tensor, path, scale, minimum)
+    qs = raw[..., 16:].reshape(*raw.shape[:2], 4, 32)  # 4 runs of 32 bytes: blocks 2c (low nibbles), 2c + 1 (high)
+    u = torch.stack([qs & 15, qs >> 4], dim=3).reshape(raw.shape[0], -1, 32)  # (rows, blocks, 32)
+    data = (u[..., :16] | (u[..., 16:] << 4)).reshape(raw.shape[0], -1)  # Q4_1's order: u_i low, u_{i+16} high
+    return "q4_1", data, scale.reshape(raw.shape[0], -1), minimum.reshape(raw.shape[0], -1)
+
+
+def _requantised(tensor: Any, values: Tensor, path: Path) -> tuple[str, Tensor, Tensor, None]:
+    """Another quantised type's values (rows, k) as Q8_0 blocks."""
+    from attnkit.kernels import BLOCK, quantize
+
+    if values.shape[1] % BLOCK:
+        raise ValueError(f"{path}: tensor {tensor.name} has rows of {values.shape[1]}, not a multiple of {BLOCK}")
+    return "q8_0", *quantize(values, "q8_0")  # type: ignore[return-value]
+
+
+def _blocks_of(tensor: Any, path: Path, values: Any) -> tuple[str, Tensor, Tensor, Tensor | None]:
+    """A quantised tensor's blocks for the kernel (module docstring); ``values`` gives its
+    dequantised values (rows, k) where it is requantised."""
+    kind = tensor.tensor_type.name
+    if kind in _BLOCKS:
+        return _split_blocks(tensor, path)
+    if kind == "Q4_K":
+        return _q4_k_blocks(tensor, path)
+    return _requantised(tensor, values(), path)
 
 
 def _unpermuted(template: str, cfg: ModelConfig, w: Tensor) -> Tensor:
@@ -135,12 +191,9 @@ def tensors_of(
     reader: Any, cfg: ModelConfig, path: Path, keep_blocks: bool = False
 ) -> tuple[dict[str, Tensor], dict[str, str]]:
     """Every tensor renamed, q/k rows back in Llama's layout: dequantised to float32, or with
-    ``keep_blocks`` the linear maps of Q8_0/Q4_0/Q4_1 type as their blocks (the tensors of a
+    ``keep_blocks`` the quantised linear maps as blocks (module docstring; the tensors of a
     :class:`~attnkit.nn.quantized.BlockLinear`; a tied embedding is both dequantised and kept
     for the head), with those layers' layouts by name ("head" for the vocabulary projection)."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
     from attnkit.nn.quantized import block_tensors
 
     out: dict[str, Tensor] = {}
@@ -152,8 +205,9 @@ def tensors_of(
         if template not in _NAMES:
             raise ValueError(f"{path}: tensor {tensor.name!r} is not one of a Llama GGUF's")
         name = _NAMES[template].format(i=layer.group(1) if layer else "")
-        if keep_blocks and tensor.tensor_type.name in _BLOCKS and template != "output_norm.weight":
-            layout, *blocks = _split_blocks(tensor, path)
+        values = functools.cache(functools.partial(_values, tensor, path))
+        if keep_blocks and tensor.tensor_type.name not in _FLOATS and template != "output_norm.weight":
+            layout, *blocks = _blocks_of(tensor, path, values)
             data, d, m = (None if t is None else _unpermuted(template, cfg, t) for t in blocks)
             target = "head" if template in ("output.weight", "token_embd.weight") else name.removesuffix(".weight")
             if template != "token_embd.weight" or tied:  # a tied embedding is also looked up in fp32, below
@@ -161,21 +215,28 @@ def tensors_of(
                 out.update(block_tensors(target, data, d, m))
             if template != "token_embd.weight":
                 continue
-        try:
-            values = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
-        except (NotImplementedError, ValueError) as err:
-            raise ValueError(
-                f"{path}: tensor {tensor.name} has type {tensor.tensor_type!r}, which cannot be read: {err}"
-            ) from None
-        shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # GGUF lists dimensions innermost first
-        try:
-            weight = torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))  # a writable copy
-        except ValueError:
-            raise ValueError(
-                f"{path}: tensor {tensor.name} does not hold {shape} values; the file is truncated or corrupt"
-            ) from None
-        out[name] = _unpermuted(template, cfg, weight)
+        out[name] = _unpermuted(template, cfg, values())
     return out, kept
+
+
+def _values(tensor: Any, path: Path) -> Tensor:
+    """A tensor's values in fp32, dequantised by the ``gguf`` package: (rows, k) for a matrix."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    try:
+        values = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
+    except (NotImplementedError, ValueError) as err:
+        raise ValueError(
+            f"{path}: tensor {tensor.name} has type {tensor.tensor_type!r}, which cannot be read: {err}"
+        ) from None
+    shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # GGUF lists dimensions innermost first
+    try:
+        return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))  # a writable copy
+    except ValueError:
+        raise ValueError(
+            f"{path}: tensor {tensor.name} does not hold {shape} values; the file is truncated or corrupt"
+        ) from None
 
 
 def tokenizer_of(reader: Any, path: Path) -> Tokenizer:
@@ -202,7 +263,7 @@ def tokenizer_of(reader: Any, path: Path) -> Tokenizer:
 def load_gguf(path: str | Path, keep_blocks: bool = False) -> Model:
     """The attnkit model of a Llama GGUF file, with its tokenizer (``model.tokenizer``) and chat
     template (``model.chat_template``, where the file has one): fp32, or with ``keep_blocks``
-    its Q8_0/Q4_0/Q4_1 linear maps kept as the file's blocks (``weights="gguf"``)."""
+    its quantised linear maps kept as blocks (the module docstring; ``weights="gguf"``)."""
     from attnkit.models.weights import finish_format
 
     path = Path(path)

@@ -20,8 +20,9 @@ int8, 4-bit, or a GGUF file's own blocks, behind the same ``forward`` and ``gene
   least squares: :func:`attnkit.kernels.blocks.quantize`) through the same kernel, on every CPU
   with AVX2; the vocabulary projection stays Q8_0, as in llama.cpp's 4-bit
   files (in 4 bits SmolLM2's held-out perplexity rose 8.5% against 0.6% with its Q8_0 head).
-* ``gguf``: a GGUF file's Q8_0, Q4_0 and Q4_1 tensors kept as the file's blocks
-  (:func:`attnkit.interop.gguf.load_gguf`), its other tensors dequantised.
+* ``gguf``: a GGUF file's Q8_0, Q4_0 and Q4_1 tensors kept as the file's blocks, Q4_K as Q4_1
+  blocks with the file's values, other quantised types requantised to Q8_0
+  (:func:`attnkit.interop.gguf.load_gguf`), its float tensors as they are.
 
 Weight reads are what bound batch-1 decoding: int8 reads about a quarter of fp32's bytes, 4-bit
 blocks (20 bytes per 32 weights) a sixth. A quantised model is saved with its blocks
