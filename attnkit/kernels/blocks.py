@@ -39,7 +39,7 @@ def _blocks(x: Tensor) -> Tensor:
     """(n, k) -> (n, k / 32, 32) fp32; k must be a multiple of 32."""
     if x.dim() != 2 or x.shape[1] % BLOCK:
         raise ValueError(f"a tensor of shape {tuple(x.shape)} is not (n, k) with k a multiple of {BLOCK}; pad k")
-    return x.float().reshape(x.shape[0], -1, BLOCK)
+    return x.float().reshape(x.shape[0], x.shape[1] // BLOCK, BLOCK)  # sizes given: n or k may be 0
 
 
 def quantize_activations(x: Tensor, levels: int = 127) -> tuple[Tensor, Tensor]:
@@ -59,12 +59,12 @@ def quantize_activations(x: Tensor, levels: int = 127) -> tuple[Tensor, Tensor]:
 def _pack(u: Tensor) -> Tensor:
     """(n, k / 32, 32) values in 0..15 -> (n, k / 2) uint8, GGUF's nibble order."""
     u = u.to(torch.uint8)
-    return (u[..., :16] | (u[..., 16:] << 4)).reshape(u.shape[0], -1)
+    return (u[..., :16] | (u[..., 16:] << 4)).reshape(u.shape[0], u.shape[1] * BLOCK // 2)
 
 
 def _unpack(data: Tensor) -> Tensor:
     """(n, k / 2) uint8 -> (n, k / 32, 32) values in 0..15."""
-    packed = data.reshape(data.shape[0], -1, BLOCK // 2)
+    packed = data.reshape(data.shape[0], data.shape[1] * 2 // BLOCK, BLOCK // 2)
     return torch.cat([packed & 0x0F, packed >> 4], dim=-1)
 
 
@@ -113,7 +113,7 @@ def _fit_q4_1(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     grid. Never worse than min-max on any block; a block that is already a Q4_1 grid (a GGUF
     file's, dequantised) comes back as it was."""
     flat = w.reshape(-1, BLOCK)  # (N, 32)
-    fits = [_fit_q4_1_blocks(flat[i : i + _FIT_BLOCKS]) for i in range(0, len(flat), _FIT_BLOCKS)]
+    fits = [_fit_q4_1_blocks(flat[i : i + _FIT_BLOCKS]) for i in range(0, max(len(flat), 1), _FIT_BLOCKS)]
     u, d, m = (torch.cat(parts) for parts in zip(*fits, strict=True))
     return u.view(w.shape), d.view(w.shape[:-1]), m.view(w.shape[:-1])
 
@@ -153,7 +153,7 @@ def _fit_q4_1_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def integers(format: str, data: Tensor) -> Tensor:
     """The blocks' integer values (n, k / 32, 32) as int16: q, u - 8, or u."""
     if format == "q8_0":
-        return data.reshape(data.shape[0], -1, BLOCK).to(torch.int16)
+        return data.reshape(data.shape[0], data.shape[1] // BLOCK, BLOCK).to(torch.int16)
     u = _unpack(data).to(torch.int16)
     return u - 8 if format == "q4_0" else u
 
@@ -164,7 +164,7 @@ def dequantize(format: str, data: Tensor, d: Tensor, m: Tensor | None = None) ->
     w = integers(format, data).float() * d.float()[..., None]
     if format == "q4_1":
         w = w + m.float()[..., None]
-    return w.reshape(w.shape[0], -1)
+    return w.reshape(w.shape[0], w.shape[1] * BLOCK)
 
 
 PACKED_ROWS = 8  # the rows a packed group interleaves
@@ -179,14 +179,14 @@ def packed_bytes(format: str) -> int:
 
 def pack(format: str, data: Tensor, d: Tensor, m: Tensor | None = None) -> Tensor | None:
     """A weight's first ``n // 8`` groups of 8 rows in the C kernel's packed layout, as one uint8
-    tensor; None for fewer than 8 rows (the kernel takes those rows, and any rest, from the
-    blocks as they are). A pure rearrangement, nothing requantised: the 4-byte pieces of each
+    tensor; None for fewer than 8 rows or no inputs (the kernel takes those rows, and any rest,
+    from the blocks as they are). A pure rearrangement, nothing requantised: the 4-byte pieces of each
     block of 8 rows (4 of a 4-bit block's 16 bytes, 8 of q8_0's 32), interleaved (group, block,
     piece, row), then the rows' scales and, 4-bit, their minima (q4_0's are ``-8 d``, exact in
     fp16), each (group, block, row)."""
     check(format)
     groups = data.shape[0] // PACKED_ROWS
-    if groups == 0:
+    if groups == 0 or d.shape[1] == 0:  # no group of 8 rows, or no inputs: nothing to pack
         return None
     rows, blocks = groups * PACKED_ROWS, d.shape[1]
     pieces = data[:rows].contiguous().view(torch.int32).view(groups, PACKED_ROWS, blocks, -1).permute(0, 2, 3, 1)

@@ -45,7 +45,7 @@ class Quantized(nn.Module):
 
     def _inputs(self, x: Tensor) -> Tensor:
         """x (..., in) -> (N, in padded to a multiple of 32)."""
-        flat = x.reshape(-1, x.shape[-1])
+        flat = x.reshape(x.shape[:-1].numel(), x.shape[-1])  # sizes given: in may be 0
         if flat.shape[1] != _padded(self.in_features):  # the weights are padded with zeros
             flat = F.pad(flat, (0, _padded(self.in_features) - flat.shape[1]))
         return flat

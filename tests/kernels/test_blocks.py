@@ -74,6 +74,22 @@ def test_the_packed_blocks_give_the_reference(fmt: str, m: int, n: int, k: int) 
 
 
 @pytest.mark.parametrize("fmt", kernels.FORMATS)
+@pytest.mark.parametrize("kernel", [pytest.param(kernels.native(), marks=needs_c), "reference"])
+@pytest.mark.parametrize(("n", "k"), [(0, 64), (5, 0), (9, 0), (0, 0)])
+def test_an_empty_weight_gives_the_empty_or_zero_product(fmt: str, kernel: str, n: int, k: int) -> None:
+    """No rows: an (m, 0) product; no inputs: zeros, as ``F.linear`` gives; split or not, any rows."""
+    weight = kernels.quantize(torch.zeros(n, k), fmt)
+    assert blocks.dequantize(fmt, *weight).shape == (n, k)
+    for m in (1, kernels.DENSE_ROWS):
+        x = torch.randn(m, k)
+        expected = F.linear(x, torch.zeros(n, k))
+        assert_close(kernels.block_matmuls(x, fmt, [weight], kernel=kernel), expected, atol=0, rtol=0)
+        assert_close(
+            kernels.block_matmuls(x, fmt, [kernels.split(fmt, *weight)], kernel=kernel), expected, atol=0, rtol=0
+        )
+
+
+@pytest.mark.parametrize("fmt", kernels.FORMATS)
 def test_packing_rearranges_the_blocks(fmt: str) -> None:
     """Each packed group holds its 8 rows' 4-byte pieces, lane by lane, then their scales and
     (4-bit) minima (q4_0's -8 d): read back by hand, the blocks as they were."""

@@ -91,6 +91,16 @@ def test_a_quantised_layer_equals_the_dequantised_product(layout: str) -> None:
 
 
 @pytest.mark.parametrize("layout", kernels.FORMATS)
+@pytest.mark.parametrize(("out", "inputs"), [(0, 50), (12, 0)])
+def test_an_empty_layer_of_blocks_is_linears_empty_or_bias_only_product(layout: str, out: int, inputs: int) -> None:
+    linear = torch.nn.Linear(inputs, out)
+    torch.nn.init.normal_(linear.bias)
+    layer = BlockLinear.of(linear.weight, layout, linear.bias)
+    x = torch.randn(2, 3, inputs)
+    assert_close(layer(x), linear(x).detach(), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("layout", kernels.FORMATS)
 def test_a_layer_of_blocks_holds_them_once_saves_them_whole_and_splits_them_again(layout: str) -> None:
     """Where the C kernel runs, a layer holds its groups of 8 rows packed and only the rest as
     blocks (the weight once); its state dict holds all the blocks; blocks loaded into it, or
