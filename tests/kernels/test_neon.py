@@ -2,8 +2,9 @@
 with ``aarch64-linux-gnu-gcc`` into a program (``harness.c``) and run under ``qemu-aarch64``, built
 with the dot-product instructions (``sdot``) and without them (plain ARMv8), each equal to the
 PyTorch reference for every format on odd shapes at batch 1 and 8, packed and unpacked weights in
-one call, and its dequantisation equal to :func:`attnkit.kernels.blocks.dequantize`. On an ARM64
-machine the kernel runs natively in test_blocks.py instead. Emulated: correct, not timed."""
+one call, and its dequantisation equal to :func:`attnkit.kernels.blocks.dequantize`; and attnkit's
+own build of it, as on an ARM64 machine, an ARM64 library with sdot. On an ARM64 machine the kernel
+runs natively in test_blocks.py instead. Emulated: correct, not timed."""
 
 from __future__ import annotations
 
@@ -98,3 +99,26 @@ def test_the_dotprod_build_uses_sdot(harness: dict) -> None:
         listing = subprocess.run([OBJDUMP, "-d", str(program)], capture_output=True, text=True, check=True).stdout
         counts[name] = sum("\tsdot\t" in line for line in listing.splitlines())
     assert counts["dotprod"] > 0 and counts["armv8"] == 0, counts
+
+
+def test_on_arm64_the_kernel_builds_with_the_dot_products(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What attnkit does at first use on an ARM64 machine with ``asimddp`` (the machine and its
+    flags faked, the cross compiler as ``CC``): blocks.c with blocks_neon.h compiles, with sdot,
+    into an ARM64 library, which this machine then cannot load: the one-line error says so."""
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"fp", "asimd", "asimddp"}))
+    monkeypatch.setenv("CC", CC)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    kernels._build.cache_clear()
+    try:
+        assert kernels.native() == "neon"
+        built = kernels._build()
+    finally:
+        kernels._build.cache_clear()
+    assert isinstance(built, kernels.KernelUnavailableError)
+    assert str(built).startswith("the NEON block kernel cannot be loaded from"), built
+    (library,) = (tmp_path / "attnkit" / "kernels").glob("blocks-neon-*.so")
+    assert int.from_bytes(library.read_bytes()[18:20], "little") == 183  # the ELF header's machine: AArch64
+    if shutil.which(OBJDUMP):
+        listing = subprocess.run([OBJDUMP, "-d", str(library)], capture_output=True, text=True, check=True).stdout
+        assert "\tsdot\t" in listing
