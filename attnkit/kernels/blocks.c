@@ -83,14 +83,18 @@ static inline __attribute__((always_inline)) void matmul(int format, const void 
         int i = 0;
         while (u >= first[i + 1]) i++;
         const int64_t g = u - first[i];
-        if (g < eights[i]) {  /* a packed group of 8 rows */
+        if (g < eights[i]) {  /* a packed group of 8 rows: its values' pieces, then scales, then (4-bit) minima */
+            const int64_t values = format == Q8_0 ? 8 * BLOCK : 8 * BLOCK / 2;  /* bytes a block */
+            const uint8_t *pieces = packed[i] + g * blocks * values;
+            const uint16_t *scales = (const uint16_t *)(packed[i] + eights[i] * blocks * values) + g * blocks * 8;
+            const uint16_t *mins = scales + eights[i] * blocks * 8;
             for (int64_t r = 0; r < m; r++) {
-                float *row = out + r * width + column[i];
+                float *row = out + r * width + column[i] + 8 * g;
                 if (format == Q8_0)
-                    dot_packed_q8(packed[i], eights[i], g, (const int16_t *)xq + r * k, xd + r * blocks, k, row);
+                    dot_packed_q8(pieces, scales, (const int16_t *)xq + r * k, xd + r * blocks, blocks, row);
                 else
-                    dot_packed(packed[i], eights[i], g, (const int8_t *)xq + r * k, xd + r * blocks, xs + r * blocks,
-                               k, row);
+                    dot_packed(pieces, scales, mins, (const int8_t *)xq + r * k, xd + r * blocks, xs + r * blocks,
+                               blocks, row);
             }
             continue;
         }

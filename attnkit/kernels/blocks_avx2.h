@@ -123,14 +123,10 @@ static inline __attribute__((always_inline)) void dot_rows_q8(int rows, const ui
     for (int t = 0; t < rows; t++) out[j + t] = hsum(acc[t]);
 }
 
-/* Rows 8 g .. 8 g + 7 of out from their packed blocks (blocks.c's layout: the pieces (g, b, s, j) of
- * 4 bytes, then the scales (g, b, j) and minima (g, b, j) in fp16) for one activation row. */
-static inline void dot_packed(const uint8_t *packed, int64_t groups, int64_t g, const int8_t *a, const float *ad,
-                              const float *as, int64_t k, float *out) {
-    const int64_t blocks = k / BLOCK;
-    const uint8_t *pieces = packed + g * blocks * 128;
-    const uint16_t *scales = (const uint16_t *)(packed + groups * blocks * 128) + g * blocks * 8;
-    const uint16_t *mins = scales + groups * blocks * 8;
+/* The 8 outputs of a packed group of rows (blocks.c's layout: its pieces (b, s, j) of 4 bytes, its
+ * scales (b, j) and minima (b, j) in fp16) for one activation row, at out. */
+static inline void dot_packed(const uint8_t *pieces, const uint16_t *scales, const uint16_t *mins, const int8_t *a,
+                              const float *ad, const float *as, int64_t blocks, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
@@ -152,18 +148,15 @@ static inline void dot_packed(const uint8_t *packed, int64_t groups, int64_t g, 
         acc = _mm256_fmadd_ps(dots, _mm256_mul_ps(d, _mm256_set1_ps(ad[b])), acc);
         acc = _mm256_fmadd_ps(mn, _mm256_set1_ps(as[b]), acc);
     }
-    _mm256_storeu_ps(out + 8 * g, acc);
+    _mm256_storeu_ps(out, acc);
 }
 
-/* dot_packed for Q8_0 and int16 activations: the pieces (g, b, s, j) of 4 bytes (s < 8), then the
- * scales (g, b, j). A piece's 32 bytes, sign-extended to int16 a half at a time (rows 0-3, then
+/* dot_packed for Q8_0 and int16 activations: the pieces (b, s, j) of 4 bytes (s < 8), and the
+ * scales (b, j). A piece's 32 bytes, sign-extended to int16 a half at a time (rows 0-3, then
  * 4-7), meet 4 activations broadcast to every 64 bits in one vpmaddwd: two int32 sums a row,
  * which one vphaddd adds at the block's end (rows then in the order 0 1 4 5 2 3 6 7). */
-static inline void dot_packed_q8(const uint8_t *packed, int64_t groups, int64_t g, const int16_t *a, const float *ad,
-                                 int64_t k, float *out) {
-    const int64_t blocks = k / BLOCK;
-    const uint8_t *pieces = packed + g * blocks * 256;
-    const uint16_t *scales = (const uint16_t *)(packed + groups * blocks * 256) + g * blocks * 8;
+static inline void dot_packed_q8(const uint8_t *pieces, const uint16_t *scales, const int16_t *a, const float *ad,
+                                 int64_t blocks, float *out) {
     const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
@@ -182,7 +175,7 @@ static inline void dot_packed_q8(const uint8_t *packed, int64_t groups, int64_t 
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + b * 8)));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_mul_ps(d, _mm256_set1_ps(ad[b])), acc);
     }
-    _mm256_storeu_ps(out + 8 * g, acc);
+    _mm256_storeu_ps(out, acc);
 }
 
 /* One block's 32 weights in fp32 at dst: q · d, (u - 8) · d or u · d + mn. */

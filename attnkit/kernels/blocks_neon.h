@@ -130,14 +130,10 @@ static inline int8x16_t broadcast4(const int8_t *p) {
     return vreinterpretq_s8_s32(vdupq_n_s32(four));
 }
 
-/* Rows 8 g .. 8 g + 7 of out from their packed blocks (blocks.c's layout: the pieces (g, b, s, j) of
- * 4 bytes, then the scales (g, b, j) and minima (g, b, j) in fp16) for one activation row. */
-static inline void dot_packed(const uint8_t *packed, int64_t groups, int64_t g, const int8_t *a, const float *ad,
-                              const float *as, int64_t k, float *out) {
-    const int64_t blocks = k / BLOCK;
-    const uint8_t *pieces = packed + g * blocks * 128;
-    const uint16_t *scales = (const uint16_t *)(packed + groups * blocks * 128) + g * blocks * 8;
-    const uint16_t *mins = scales + groups * blocks * 8;
+/* The 8 outputs of a packed group of rows (blocks.c's layout: its pieces (b, s, j) of 4 bytes, its
+ * scales (b, j) and minima (b, j) in fp16) for one activation row, at out. */
+static inline void dot_packed(const uint8_t *pieces, const uint16_t *scales, const uint16_t *mins, const int8_t *a,
+                              const float *ad, const float *as, int64_t blocks, float *out) {
     float32x4_t acc[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *p = pieces + b * 128;
@@ -157,18 +153,16 @@ static inline void dot_packed(const uint8_t *packed, int64_t groups, int64_t g, 
             acc[h] = vfmaq_n_f32(acc[h], mn, as[b]);
         }
     }
-    vst1q_f32(out + 8 * g, acc[0]);
-    vst1q_f32(out + 8 * g + 4, acc[1]);
+    vst1q_f32(out, acc[0]);
+    vst1q_f32(out + 4, acc[1]);
 }
 
-/* dot_packed for Q8_0 and int16 activations: the pieces (g, b, s, j) of 4 bytes (s < 8), then the
- * scales (g, b, j). Row t's 4 bytes of a piece, widened, meet the 4 activations in one smlal into
+/* dot_packed for Q8_0 and int16 activations: the pieces (b, s, j) of 4 bytes (s < 8), and the
+ * scales (b, j). Row t's 4 bytes of a piece, widened, meet the 4 activations in one smlal into
  * row t's accumulator; at the block's end pairwise adds give the eight rows' sums. */
-static inline void dot_packed_q8(const uint8_t *packed, int64_t groups, int64_t g, const int16_t *a, const float *ad,
-                                 int64_t k, float *out) {
-    const int64_t blocks = k / BLOCK;
-    const int8_t *pieces = (const int8_t *)packed + g * blocks * 256;
-    const uint16_t *scales = (const uint16_t *)(packed + groups * blocks * 256) + g * blocks * 8;
+static inline void dot_packed_q8(const uint8_t *values, const uint16_t *scales, const int16_t *a, const float *ad,
+                                 int64_t blocks, float *out) {
+    const int8_t *pieces = (const int8_t *)values;
     float32x4_t acc[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
     for (int64_t b = 0; b < blocks; b++) {
         const int8_t *p = pieces + b * 256;
@@ -189,8 +183,8 @@ static inline void dot_packed_q8(const uint8_t *packed, int64_t groups, int64_t 
             acc[h] = vfmaq_f32(acc[h], vcvtq_f32_s32(dots), vmulq_n_f32(d, ad[b]));
         }
     }
-    vst1q_f32(out + 8 * g, acc[0]);
-    vst1q_f32(out + 8 * g + 4, acc[1]);
+    vst1q_f32(out, acc[0]);
+    vst1q_f32(out + 4, acc[1]);
 }
 
 /* One block's 32 weights in fp32 at dst: q · d, (u - 8) · d or u · d + mn. */
