@@ -31,6 +31,23 @@
 #define BLOCK 32
 enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2 };
 
+/* The packed groups a thread reads from memory, one stream: the lines PREFETCH bytes ahead of a
+ * block's values (size bytes), and as far ahead in its scales and minima (16 bytes a block each),
+ * asked for long before they are needed. The hardware's prefetcher alone kept the products from
+ * memory at about half of fp32 F.linear's read rate; GPT-2 124M's compiled step, batch 1, went from
+ * 159-181 to 260-272 tokens/s in int4 and from 110 to 171-178 in int8 with 16 KB ahead (2026-12-04,
+ * a 2-core Intel Xeon: 1, 2 and 4 KB ahead gave 196-229, 8 KB 250, 32 KB 265, 64 KB 249). A hint:
+ * nothing faults past a weight's end. Any architecture: GCC's and Clang's builtin. */
+#define PREFETCH 16384
+static inline void prefetch(const uint8_t *values, int64_t size, const uint16_t *scales, const uint16_t *mins,
+                            int64_t b) {
+    for (int64_t line = 0; line < size; line += 64) __builtin_prefetch(values + PREFETCH + line, 0, 3);
+    if (b % 4 == 0) {  /* a line holds 4 blocks' scales */
+        __builtin_prefetch((const uint8_t *)scales + PREFETCH * 16 / size, 0, 3);
+        if (mins) __builtin_prefetch((const uint8_t *)mins + PREFETCH * 16 / size, 0, 3);
+    }
+}
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "blocks_avx2.h"
 #elif defined(__aarch64__) && defined(__ARM_NEON)

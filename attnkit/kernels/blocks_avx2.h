@@ -131,6 +131,7 @@ static inline void dot_packed(const uint8_t *pieces, const uint16_t *scales, con
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *p = pieces + b * 128;
+        prefetch(p, 128, scales + b * 8, mins + b * 8, b);
         const int8_t *ab = a + b * BLOCK;
         __m256i sums = _mm256_setzero_si256();
         for (int s = 0; s < 4; s++) {
@@ -161,6 +162,7 @@ static inline void dot_packed_q8(const uint8_t *pieces, const uint16_t *scales, 
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *p = pieces + b * 256;
+        prefetch(p, 256, scales + b * 8, NULL, b);
         const int16_t *ab = a + b * BLOCK;
         __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
         for (int s = 0; s < 8; s++) {

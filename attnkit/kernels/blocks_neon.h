@@ -137,6 +137,7 @@ static inline void dot_packed(const uint8_t *pieces, const uint16_t *scales, con
     float32x4_t acc[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *p = pieces + b * 128;
+        prefetch(p, 128, scales + b * 8, mins + b * 8, b);
         const int8_t *ab = a + b * BLOCK;
         int32x4_t sums[2] = {vdupq_n_s32(0), vdupq_n_s32(0)};
         for (int s = 0; s < 4; s++) {
@@ -166,6 +167,7 @@ static inline void dot_packed_q8(const uint8_t *values, const uint16_t *scales, 
     float32x4_t acc[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
     for (int64_t b = 0; b < blocks; b++) {
         const int8_t *p = pieces + b * 256;
+        prefetch((const uint8_t *)p, 256, scales + b * 8, NULL, b);
         int32x4_t row[8];
         for (int t = 0; t < 8; t++) row[t] = vdupq_n_s32(0);
         for (int s = 0; s < 8; s++) {
