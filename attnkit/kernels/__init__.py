@@ -89,11 +89,11 @@ HEADERS = tuple(SOURCE.with_name(f"blocks_{kernel}.h") for kernel in ("avx2", "n
 OP_SOURCE = Path(__file__).with_name("blocks_op.cpp")
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 KERNELS = ("auto", "avx2", "neon", "reference")
-# Each C kernel: its name in messages, the CPUs it runs on, the CPU flags it needs (on ARM64,
-# AArch64's NEON, always there) and the compiler flags for its instructions.
+# Each C kernel: its name in messages, the CPUs it runs on and the CPU flags it needs (none on
+# ARM64: AArch64 always has NEON, and a machine without /proc/cpuinfo, a Mac, lists no flags).
 TITLES = {"avx2": "AVX2", "neon": "NEON"}
 ARCHITECTURES = {"avx2": "x86-64", "neon": "ARM64"}
-FEATURES = {"avx2": frozenset({"avx2", "fma", "f16c"}), "neon": frozenset({"asimd"})}
+FEATURES = {"avx2": frozenset({"avx2", "fma", "f16c"}), "neon": frozenset()}
 # From this many activation rows on (a batch, beams, a prompt), a product of unpacked blocks
 # dequantises them and multiplies dense in fp32: at 32 rows that wins over the integer dot
 # products on every shape measured, at 16 it loses on most. Packed blocks stay integer at every

@@ -268,6 +268,8 @@ def test_a_kernel_that_cannot_run_is_named_in_one_line(tmp_path: Path, monkeypat
     finally:
         kernels._build.cache_clear()
         kernels._auto.cache_clear()
+    if not kernels.FEATURES[kernels.native()]:
+        return  # ARM64's kernel needs no flag: AArch64 always has NEON
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"sse2"}))
     needs = ", ".join(sorted(kernels.FEATURES[kernels.native()]))
     try:

@@ -101,12 +101,14 @@ def test_the_dotprod_build_uses_sdot(harness: dict) -> None:
     assert counts["dotprod"] > 0 and counts["armv8"] == 0, counts
 
 
-def test_on_arm64_the_kernel_builds_with_the_dot_products(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What attnkit does at first use on an ARM64 machine with ``asimddp`` (the machine and its
-    flags faked, the cross compiler as ``CC``): blocks.c with blocks_neon.h compiles, with sdot,
-    into an ARM64 library, which this machine then cannot load: the one-line error says so."""
+@pytest.mark.parametrize("flags", [{"fp", "asimd", "asimddp"}, set()])
+def test_on_arm64_the_kernel_builds_for_the_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: set) -> None:
+    """What attnkit does at first use on an ARM64 machine (the machine and its flags faked, the
+    cross compiler as ``CC``): blocks.c with blocks_neon.h compiles into an ARM64 library, with sdot
+    where the CPU lists ``asimddp`` and without where it lists nothing (a Mac has no
+    /proc/cpuinfo), which this machine then cannot load: the one-line error says so."""
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"fp", "asimd", "asimddp"}))
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset(flags))
     monkeypatch.setenv("CC", CC)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     kernels._build.cache_clear()
@@ -121,4 +123,4 @@ def test_on_arm64_the_kernel_builds_with_the_dot_products(tmp_path: Path, monkey
     assert int.from_bytes(library.read_bytes()[18:20], "little") == 183  # the ELF header's machine: AArch64
     if shutil.which(OBJDUMP):
         listing = subprocess.run([OBJDUMP, "-d", str(library)], capture_output=True, text=True, check=True).stdout
-        assert "\tsdot\t" in listing
+        assert ("\tsdot\t" in listing) == ("asimddp" in flags)
