@@ -159,12 +159,11 @@ def _q4_k_blocks(tensor: Any, path: Path) -> tuple[str, Tensor, Tensor, Tensor]:
     return "q4_1", data, scale.reshape(raw.shape[0], -1), minimum.reshape(raw.shape[0], -1)
 
 
-def _requantised(tensor: Any, values: Tensor, path: Path) -> tuple[str, Tensor, Tensor, None]:
-    """Another quantised type's values (rows, k) as Q8_0 blocks."""
-    from attnkit.kernels import BLOCK, quantize
+def _requantised(values: Tensor) -> tuple[str, Tensor, Tensor, None]:
+    """Another quantised type's values (rows, k) as Q8_0 blocks (GGML's blocks are all of 32 or 256
+    values: k is a multiple of 32)."""
+    from attnkit.kernels import quantize
 
-    if values.shape[1] % BLOCK:
-        raise ValueError(f"{path}: tensor {tensor.name} has rows of {values.shape[1]}, not a multiple of {BLOCK}")
     return "q8_0", *quantize(values, "q8_0")  # type: ignore[return-value]
 
 
@@ -176,7 +175,7 @@ def _blocks_of(tensor: Any, path: Path, values: Any) -> tuple[str, Tensor, Tenso
         return _split_blocks(tensor, path)
     if kind == "Q4_K":
         return _q4_k_blocks(tensor, path)
-    return _requantised(tensor, values(), path)
+    return _requantised(values())
 
 
 def _unpermuted(template: str, cfg: ModelConfig, w: Tensor) -> Tensor:
