@@ -36,8 +36,8 @@ enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2 };
  * asked for long before they are needed. The hardware's prefetcher alone kept the products from
  * memory at about half of fp32 F.linear's read rate; GPT-2 124M's compiled step, batch 1, went from
  * 159-181 to 260-272 tokens/s in int4 and from 110 to 171-178 in int8 with 16 KB ahead (2026-12-04,
- * a 2-core Intel Xeon: 1, 2 and 4 KB ahead gave 196-229, 8 KB 250, 32 KB 265, 64 KB 249). A hint:
- * nothing faults past a weight's end. Any architecture: GCC's and Clang's builtin. */
+ * a 2-core Intel Xeon: 1 KB ahead gave 196, 2 KB 220-229, 4 KB 244-253, 8 KB 250, 32 KB 265, 64 KB
+ * 249). A hint: nothing faults past a weight's end. Any architecture: GCC's and Clang's builtin. */
 #define PREFETCH 16384
 static inline void prefetch(const uint8_t *values, int64_t size, const uint16_t *scales, const uint16_t *mins,
                             int64_t b) {
