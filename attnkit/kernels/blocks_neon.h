@@ -161,20 +161,19 @@ static inline void dot_packed(const uint8_t *pieces, const uint16_t *scales, con
 /* dot_packed for Q8_0 and int16 activations: the pieces (b, s, j) of 4 bytes (s < 8), and the
  * scales (b, j). Row t's 4 bytes of a piece, widened, meet the 4 activations in one smlal into
  * row t's accumulator; at the block's end pairwise adds give the eight rows' sums. */
-static inline void dot_packed_q8(const uint8_t *values, const uint16_t *scales, const int16_t *a, const float *ad,
+static inline void dot_packed_q8(const uint8_t *pieces, const uint16_t *scales, const int16_t *a, const float *ad,
                                  int64_t blocks, float *out) {
-    const int8_t *pieces = (const int8_t *)values;
     float32x4_t acc[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
     for (int64_t b = 0; b < blocks; b++) {
-        const int8_t *p = pieces + b * 256;
-        prefetch((const uint8_t *)p, 256, scales + b * 8, NULL, b);
+        const uint8_t *p = pieces + b * 256;
+        prefetch(p, 256, scales + b * 8, NULL, b);
         int32x4_t row[8];
         for (int t = 0; t < 8; t++) row[t] = vdupq_n_s32(0);
         for (int s = 0; s < 8; s++) {
             const int16x4_t x = vld1_s16(a + b * BLOCK + 4 * s);
             const int16x8_t x2 = vcombine_s16(x, x);
             for (int h = 0; h < 4; h++) {  /* rows 2h and 2h + 1 */
-                const int16x8_t w = vmovl_s8(vld1_s8(p + 32 * s + 8 * h));
+                const int16x8_t w = vmovl_s8(vld1_s8((const int8_t *)p + 32 * s + 8 * h));
                 row[2 * h] = vmlal_s16(row[2 * h], vget_low_s16(w), x);
                 row[2 * h + 1] = vmlal_high_s16(row[2 * h + 1], w, x2);
             }
