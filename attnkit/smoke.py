@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from attnkit.config import preset
 from attnkit.models.core import EncoderDecoderModel
 from attnkit.models.transformer import build_transformer
-from attnkit.training.progress import ProgressReport
+from attnkit.progress import ProgressReport
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ Marian-shaped batch-32 beam-4, and a trained translator's BLEU with ``--run DIR`
 ``smollm2`` (the real SmolLM2-135M, batch-1 greedy per format), ``blocks`` (the block kernel
 per product against fp32, by activation rows: where ``kernels.DENSE_ROWS`` comes from), ``embed`` (MiniLM sentence
 embeddings against sentence-transformers' pooling on transformers), ``serve`` (``attnkit serve``
-under 1, 8 and 32 concurrent clients against the same requests one at a time), ``startup`` (the command
+under 1, 8 and 32 concurrent clients against the same requests one at a time), ``data`` (preparing a corpus
+of one's own into the dataset store and training from it, at 100 MB and 1 GB), ``startup`` (the command
 line's start-up:
 ``--help`` and one ``translate`` against ``import torch`` + the model load).
 """
@@ -35,6 +36,7 @@ from benchmarks import (
     attention,
     blocks,
     crossing,
+    data,
     decoding,
     demo,
     embed,
@@ -292,7 +294,7 @@ def main() -> None:
         sys.exit(crossing.main(sys.argv[2:]))
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     others = ["peak", "attention", "latency", "translation", "lm", "gpu", "demo", "recipe", "crossing", "trainspeed"]
-    others += ["startup"]
+    others += ["startup", "data"]
     others += ["decoding", "smollm2", "serve"]
     parser.add_argument("suite", choices=[*sorted(SUITES), *others])
     parser.add_argument("--small", action="store_true", help="tiny shapes (a quick check that it runs)")
@@ -310,6 +312,10 @@ def main() -> None:
     parser.add_argument(
         "--steps", type=int, default=300, help="trainspeed: steps a run logs (the first 20 are left out of the rate)"
     )
+    parser.add_argument("--sizes", help="data: corpus sizes in MB, comma-separated (default 100,1000)")
+    parser.add_argument(
+        "--dir", type=Path, help="data: where the generated corpora are kept (default: a temporary one)"
+    )
     parser.add_argument("--run", type=Path, help="decoding: a trained translator's run directory, scored per format")
     parser.add_argument("--model", type=Path, default=Path("runs/smollm2"), help="serve: the model (make smollm2)")
     parser.add_argument("--weights", default="fp32", help="serve: the weight format")
@@ -322,6 +328,12 @@ def main() -> None:
         return
     if args.suite == "decoding":
         print(_decoding(args.out, args.small, args.repeats, args.run))
+        return
+    if args.suite == "data":
+        sizes = tuple(float(s) for s in args.sizes.split(",")) if args.sizes else None
+        result = data.run(small=args.small, sizes=sizes, directory=args.dir)
+        _write(args.out, {"data": result})
+        print(data.table(result))
         return
     if args.suite == "serve":
         result = serve.run(args.model, weights=args.weights, small=args.small, compile=args.compile)

@@ -6,6 +6,7 @@ import getpass
 import importlib.util
 import os
 import random
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,11 @@ def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist, share the cores among the workers: n workers of ``cores`` threads
     each would run n·cores OpenMP threads on ``cores`` cores, whose spin-waits slowed single
     tests down up to 50x here (2.7 s alone, 151 s beside another worker). Likewise inductor's
-    compile workers."""
+    compile workers.
+
+    Dataset stores go to a directory of the session's own (each worker's), removed at the end:
+    a test never reads a store another run left, nor leaves one in the user's cache."""
+    os.environ["ATTNKIT_STORE"] = tempfile.mkdtemp(prefix="attnkit-stores-")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)
@@ -38,6 +43,10 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(os.environ.pop("ATTNKIT_STORE", ""), ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

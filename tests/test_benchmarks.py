@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ("startup", []),
         ("embed", ["--small"]),
         ("blocks", ["--small"]),
+        ("data", ["--small", "--sizes", "0.3"]),
     ],
 )
 def test_suite_runs_and_writes_json(suite: str, options: list[str], tmp_path: Path) -> None:

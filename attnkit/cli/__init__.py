@@ -18,7 +18,7 @@ from attnkit import __version__
 
 # In the order of `attnkit --help`; each names a module of this package.
 COMMANDS = (
-    "smoke", "convert", "train", "evaluate", "fill_mask", "info", "average", "figures", "bench", "generate",
+    "smoke", "convert", "prepare", "train", "evaluate", "fill_mask", "info", "average", "figures", "bench", "generate",
     "chat", "translate", "serve", "embed", "classify",
 )  # fmt: skip
 # Optional modules -> (the package that holds it, the extra of pyproject.toml that installs it).

@@ -326,10 +326,9 @@ def saved_run(run_dir: str) -> RunConfig:
 
 
 def held_out(run: RunConfig, split: str) -> list:
-    from attnkit.data.prepare import read_texts
+    from attnkit.data.prepare import held_out as read_held_out
 
-    texts = read_texts(run)
-    part = texts.get(split)
+    part = read_held_out(run, split)
     if not part and split == "test":  # user files have no test split: their held-out part is valid
-        part = texts.valid
+        part = read_held_out(run, "valid")
     return part

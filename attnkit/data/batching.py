@@ -18,15 +18,17 @@ and resumes from :meth:`BatchIterator.state_dict` sees exactly the batches it wo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 
 class EpochBatches(Protocol):
-    """Anything with a list of batches per epoch: :class:`TokenBatches` or a shard of one."""
+    """Anything with a list of batches per epoch: :class:`TokenBatches` or a shard of one.
+    ``epoch_arrays`` holds them as int32 arrays (views of one array of the epoch's order): a
+    corpus of millions of examples costs 4 bytes an example, not a Python int and a list slot."""
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]: ...
+    def epoch_arrays(self, epoch: int) -> list[Any]: ...
 
 
 class TokenBatches:
@@ -68,7 +70,7 @@ class TokenBatches:
         short_epochs: int = 0,
         within: Sequence[int] | None = None,
     ) -> None:
-        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.lengths = np.asarray(lengths, dtype=np.int32)  # 4 bytes an example: corpora of millions
         self.within = None if within is None else np.asarray(within, dtype=np.int64)
         if self.within is not None and self.within.shape != self.lengths.shape:
             raise ValueError(f"within has {self.within.size} numbers for {self.lengths.size} examples; give one each")
@@ -102,11 +104,15 @@ class TokenBatches:
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """The batches of ``epoch``, in the order they are trained on; every example once."""
+        return [batch.tolist() for batch in self.epoch_arrays(epoch)]
+
+    def epoch_arrays(self, epoch: int) -> list[np.ndarray]:
+        """:meth:`epoch_batches` as int32 arrays."""
         if epoch < 0:
             raise ValueError(f"epoch={epoch} must be >= 0")
         rng = np.random.default_rng([self.seed, epoch])
         n = len(self.lengths)
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        order = rng.permutation(np.arange(n, dtype=np.int32)) if self.shuffle else np.arange(n, dtype=np.int32)
         if epoch < self.short_epochs:
             order = order[self.lengths[order] <= self.short_max]
         buckets = self.lengths[order] // self.bucket_width
@@ -114,7 +120,7 @@ class TokenBatches:
             order = order[np.argsort(buckets, kind="stable")]  # by bucket, ties as drawn
         else:  # by bucket, then by ``within``, ties as drawn
             order = order[np.lexsort((self.within[order], buckets))]
-        batches = pack(order, self.lengths, self.batch_tokens)
+        batches = pack_arrays(order, self.lengths, self.batch_tokens)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
@@ -160,6 +166,10 @@ class ShardedBatches:
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """This rank's batches of ``epoch``, in order."""
+        return [batch.tolist() for batch in self.epoch_arrays(epoch)]
+
+    def epoch_arrays(self, epoch: int) -> list[np.ndarray]:
+        """:meth:`epoch_batches` as int32 arrays."""
         batches = padded_epoch(
             self.unsharded, epoch, self.world_size, f"each of {self.world_size} ranks a batch at every step"
         )
@@ -178,11 +188,11 @@ class BatchIterator:
         self.source = source
         self.epoch = 0
         self.batch = 0  # index of the next batch within the epoch
-        self._cached: tuple[int, list[list[int]]] | None = None  # (epoch, its batches)
+        self._cached: tuple[int, list[Any]] | None = None  # (epoch, its batches as arrays)
 
-    def _batches_of(self, epoch: int) -> list[list[int]]:
+    def _batches_of(self, epoch: int) -> list[Any]:
         if self._cached is None or self._cached[0] != epoch:
-            self._cached = (epoch, self.source.epoch_batches(epoch))
+            self._cached = (epoch, self.source.epoch_arrays(epoch))
         return self._cached[1]
 
     def __iter__(self) -> BatchIterator:
@@ -192,7 +202,7 @@ class BatchIterator:
         if self.batch >= len(self._batches_of(self.epoch)):
             self.epoch, self.batch = self.epoch + 1, 0
         self.batch += 1
-        return self._batches_of(self.epoch)[self.batch - 1]
+        return as_lists(self._batches_of(self.epoch)[self.batch - 1])
 
     def state_dict(self) -> dict[str, int]:
         """The position of the next batch: ``{"epoch": e, "batch": i}``."""
@@ -220,10 +230,15 @@ def read_position(state: dict[str, int]) -> tuple[int, int]:
     return epoch, batch
 
 
-def padded_epoch(unsharded: TokenBatches, epoch: int, multiple: int, what: str) -> list[list[int]]:
+def as_lists(batch: Any) -> Any:
+    """A batch (an array) as a list of ints, or a step's batches as a list of such lists."""
+    return batch.tolist() if isinstance(batch, np.ndarray) else [b.tolist() for b in batch]
+
+
+def padded_epoch(unsharded: TokenBatches, epoch: int, multiple: int, what: str) -> list[np.ndarray]:
     """The batches of ``epoch``, the ones holding the most examples halved (shorter half first)
     until their number is a multiple of ``multiple``; ``what`` says what for, in the error."""
-    batches = unsharded.epoch_batches(epoch)
+    batches = unsharded.epoch_arrays(epoch)
     lengths = unsharded.lengths
     n_examples = sum(map(len, batches))
     needed = -len(batches) % multiple
@@ -234,7 +249,7 @@ def padded_epoch(unsharded: TokenBatches, epoch: int, multiple: int, what: str) 
         )
     for _ in range(needed):
         largest = max(range(len(batches)), key=lambda i: len(batches[i]))
-        by_length = sorted(batches[largest], key=lambda i: lengths[i])
+        by_length = batches[largest][np.argsort(lengths[batches[largest]], kind="stable")]
         half = len(by_length) // 2
         batches[largest : largest + 1] = [by_length[:half], by_length[half:]]
     return batches
@@ -266,6 +281,10 @@ class StepBatches:
 
     def epoch_batches(self, epoch: int) -> list[list[list[int]]]:  # type: ignore[override]
         """This rank's batches of each step of ``epoch``, in order."""
+        return [as_lists(step) for step in self.epoch_arrays(epoch)]
+
+    def epoch_arrays(self, epoch: int) -> list[list[np.ndarray]]:  # type: ignore[override]
+        """:meth:`epoch_batches` with each batch an int32 array."""
         what = f"every step its {self.group} batches ({self.world_size} ranks x {self.per_rank})"
         batches = padded_epoch(self.unsharded, epoch, self.group, what)
         first = self.rank * self.per_rank
@@ -296,7 +315,7 @@ class StepIterator(BatchIterator):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         epoch, batch = read_position(state)
-        unpadded = len(self.source.unsharded.epoch_batches(epoch))
+        unpadded = len(self.source.unsharded.epoch_arrays(epoch))
         if unpadded <= batch <= len(self.source.unsharded.lengths):  # past the unpadded list: the epoch was done
             step = len(self._batches_of(epoch))
         else:
@@ -307,21 +326,30 @@ class StepIterator(BatchIterator):
 def pack(order: Sequence[int], lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
     """Cut ``order`` greedily into batches with ``max(lengths) * len(batch) <= batch_tokens``;
     an example longer than ``batch_tokens`` goes alone."""
-    order = np.asarray(order, dtype=np.int64)
-    cuts = []
-    start = longest = 0
-    for end, length in enumerate(np.asarray(lengths)[order].tolist()):
-        longest = max(longest, length)
-        if end > start and longest * (end - start + 1) > batch_tokens:
-            cuts.append(end)
-            start, longest = end, length
-    return [batch.tolist() for batch in np.split(order, cuts)]
+    return [batch.tolist() for batch in pack_arrays(order, lengths, batch_tokens)]
 
 
-def split_train_valid(n: int, valid_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Indices of ``n`` examples split at random, as a function of ``seed`` alone, into
-    ``(train, valid)``, each in increasing order. ``valid`` holds ``round(n * valid_fraction)``
-    examples, at least one when ``valid_fraction > 0``."""
+def pack_arrays(order: Sequence[int], lengths: Sequence[int], batch_tokens: int) -> list[np.ndarray]:
+    """:func:`pack` as int32 arrays (views of ``order``), a batch at a time in NumPy: a batch
+    that starts with an example of length ``l`` holds at most ``batch_tokens // l`` of them (the
+    batch's longest is at least ``l``), so its end is searched in that window alone."""
+    order = np.asarray(order, dtype=np.int32)
+    ordered = np.asarray(lengths, dtype=np.int64)[order]  # (n,) the lengths in packing order
+    cuts, start, n = [], 0, len(order)
+    while start < n:
+        window = ordered[start : start + max(batch_tokens // int(ordered[start]), 1) + 1]
+        padded = np.maximum.accumulate(window) * np.arange(1, len(window) + 1)  # each prefix's padded size
+        over = np.flatnonzero(padded[1:] > batch_tokens)  # the first example never starts a new batch
+        if not over.size:  # the window ran to the end of the order
+            break
+        start += int(over[0]) + 1
+        cuts.append(start)
+    return np.split(order, cuts)
+
+
+def valid_mask(n: int, valid_fraction: float, seed: int) -> np.ndarray:
+    """Which of ``n`` examples are held out (a bool array), as a function of ``seed`` alone:
+    :func:`split_train_valid` as a mask, one byte an example for corpora of any size."""
     if not 0 <= valid_fraction < 1:
         raise ValueError(f"valid_fraction={valid_fraction} must be in [0, 1), e.g. 0.01")
     if seed < 0:
@@ -329,5 +357,14 @@ def split_train_valid(n: int, valid_fraction: float, seed: int) -> tuple[list[in
     n_valid = max(1, round(n * valid_fraction)) if valid_fraction > 0 else 0
     if n - n_valid < 1:
         raise ValueError(f"n={n} examples leave none for training with valid_fraction={valid_fraction}")
-    permutation = np.random.default_rng(seed).permutation(n)
-    return sorted(permutation[n_valid:].tolist()), sorted(permutation[:n_valid].tolist())
+    held = np.zeros(n, dtype=bool)
+    held[np.random.default_rng(seed).permutation(n)[:n_valid]] = True
+    return held
+
+
+def split_train_valid(n: int, valid_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Indices of ``n`` examples split at random, as a function of ``seed`` alone, into
+    ``(train, valid)``, each in increasing order. ``valid`` holds ``round(n * valid_fraction)``
+    examples, at least one when ``valid_fraction > 0``."""
+    held = valid_mask(n, valid_fraction, seed)
+    return np.flatnonzero(~held).tolist(), np.flatnonzero(held).tolist()

@@ -1,57 +1,82 @@
-"""Reading the user's text files: one example per line, or source<TAB>target pairs.
+"""Reading the user's text files: one example per line, ``source<TAB>target`` pairs, or
+``text<TAB>label`` examples, streamed line by line (a file of any size is never held whole).
 
 Files must be UTF-8 (a leading byte-order mark is dropped); ``\\n`` and ``\\r\\n`` both end a
 line; lines holding only whitespace are skipped, and surrounding whitespace is removed from
 each line (each column, for pairs). Anything else (a missing path, a directory, a binary or
-non-UTF-8 file, a file with no example) is a one-line error naming the path and the fix.
-Files are only ever read.
+non-UTF-8 file, a file with no example) is a one-line error naming the path, the line and the
+fix. Files are only ever read.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, Literal
+
+Kind = Literal["lines", "pairs", "labeled"]  # what one line of a file holds: text, source<TAB>target, text<TAB>label
+SNIFF_BYTES = 1 << 16  # a NUL byte in a file's first 64 KiB: binary, whatever its later lines
 
 
 def read_lines(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
     """The non-blank lines of plain-text files, file after file in the given order."""
-    return [line.strip() for path in as_paths(paths) for _, line in numbered_lines(path)]
+    return list(iter_examples("lines", paths))
 
 
 def read_pairs(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[tuple[str, str]]:
     """``(source, target)`` from files of ``source<TAB>target`` lines, file after file."""
-    pairs = []
-    for path in as_paths(paths):
-        for lineno, line in numbered_lines(path):
-            columns = line.split("\t")
-            if len(columns) != 2:
-                raise ValueError(
-                    f"{path}:{lineno}: expected 2 tab-separated columns (source<TAB>target), found {len(columns)}; "
-                    "a tab inside a sentence must be replaced by a space"
-                )
-            source, target = (column.strip() for column in columns)
-            if not source or not target:
-                side = "source" if not source else "target"
-                raise ValueError(f"{path}:{lineno}: the {side} column is empty; remove the line or fill it in")
-            pairs.append((source, target))
-    return pairs
+    return list(iter_examples("pairs", paths))
 
 
 def read_labeled(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[tuple[str, str]]:
     """``(text, label)`` from files of ``text<TAB>label`` lines, file after file."""
-    examples = []
+    return list(iter_examples("labeled", paths))
+
+
+def iter_examples(kind: Kind, paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Iterator[Any]:
+    """The examples of ``paths`` one at a time, as :func:`read_lines`, :func:`read_pairs` or
+    :func:`read_labeled` return them (``kind``: lines, pairs or labeled)."""
+    parse = PARSERS[kind]
     for path in as_paths(paths):
         for lineno, line in numbered_lines(path):
-            text, tab, label = line.rpartition("\t")
-            text, label = text.strip(), label.strip()
-            if not tab:
-                raise ValueError(f"{path}:{lineno}: no label: write text<TAB>label (found no tab)")
-            if not text or not label:
-                side = "text" if not text else "label"
-                raise ValueError(f"{path}:{lineno}: the {side} is empty; remove the line or fill it in")
-            examples.append((text, label))
-    return examples
+            yield parse(path, lineno, line)
+
+
+def parse_line(path: Path, lineno: int, line: str) -> str:
+    return line.strip()
+
+
+def parse_pair(path: Path, lineno: int, line: str) -> tuple[str, str]:
+    columns = line.split("\t")
+    if len(columns) != 2:
+        raise ValueError(
+            f"{path}:{lineno}: expected 2 tab-separated columns (source<TAB>target), found {len(columns)}; "
+            "a tab inside a sentence must be replaced by a space"
+        )
+    source, target = (column.strip() for column in columns)
+    if not source or not target:
+        side = "source" if not source else "target"
+        raise ValueError(f"{path}:{lineno}: the {side} column is empty; remove the line or fill it in")
+    return source, target
+
+
+def parse_labeled(path: Path, lineno: int, line: str) -> tuple[str, str]:
+    text, tab, label = line.rpartition("\t")
+    text, label = text.strip(), label.strip()
+    if not tab:
+        raise ValueError(f"{path}:{lineno}: no label: write text<TAB>label (found no tab)")
+    if not text or not label:
+        side = "text" if not text else "label"
+        raise ValueError(f"{path}:{lineno}: the {side} is empty; remove the line or fill it in")
+    return text, label
+
+
+PARSERS: dict[Kind, Callable[[Path, int, str], Any]] = {
+    "lines": parse_line,
+    "pairs": parse_pair,
+    "labeled": parse_labeled,
+}
 
 
 def as_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
@@ -63,42 +88,55 @@ def as_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Pat
     return [Path(p) for p in paths]
 
 
-def numbered_lines(path: Path) -> list[tuple[int, str]]:
-    """``(line number from 1, line)`` for each non-blank line of ``path``, line endings removed."""
-    lines = [
-        (lineno, line.removesuffix("\r"))
-        for lineno, line in enumerate(read_text(path).split("\n"), start=1)
-        if line.strip()
-    ]
-    if not lines:
+def numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number from 1, line)`` for each non-blank line of ``path``, line endings removed,
+    read a line at a time."""
+    found = False
+    with open_text(path) as file:
+        offset = 0
+        for lineno, raw in enumerate(file, start=1):
+            nul = raw.find(b"\0")
+            if nul >= 0:
+                raise binary(path, lineno, offset + nul)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                at = offset + err.start
+                raise ValueError(
+                    f"{path}: line {lineno} (byte offset {at}, byte 0x{raw[err.start]:02x}) is not valid UTF-8; "
+                    f"re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 {path} > {path}.utf8"
+                ) from None
+            if lineno == 1:
+                line = line.removeprefix("\ufeff")
+            offset += len(raw)
+            line = line.removesuffix("\n").removesuffix("\r")
+            if line.strip():
+                found = True
+                yield lineno, line
+    if not found:
         raise ValueError(f"{path} has no non-blank line; pass a file with one example per line")
-    return lines
 
 
-def read_text(path: Path) -> str:
-    """The whole of ``path`` decoded as UTF-8, after checking it is a text file."""
+def open_text(path: Path):
+    """``path`` opened for reading as bytes, after checking it is a file and not binary (a
+    NUL byte in its first :data:`SNIFF_BYTES`)."""
     if path.is_dir():
         raise ValueError(f"{path} is a directory; pass the text files inside it")
     try:
-        data = path.read_bytes()
+        file = path.open("rb")
     except FileNotFoundError:
         raise FileNotFoundError(f"{path} not found; check the path (relative paths start at {Path.cwd()})") from None
-    nul = data.find(b"\0")
+    head = file.read(SNIFF_BYTES)
+    nul = head.find(b"\0")
     if nul >= 0:
-        raise ValueError(
-            f"{path} looks binary (NUL byte at line {line_of(data, nul)}, byte offset {nul}); pass a UTF-8 "
-            "text file (UTF-16 text must first be re-encoded as UTF-8)"
-        )
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"{path}: line {line_of(data, err.start)} (byte offset {err.start}, byte 0x{data[err.start]:02x}) is not "
-            f"valid UTF-8; re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 {path} > {path}.utf8"
-        ) from None
-    return text.removeprefix("\ufeff")
+        file.close()
+        raise binary(path, head.count(b"\n", 0, nul) + 1, nul)
+    file.seek(0)
+    return file
 
 
-def line_of(data: bytes, offset: int) -> int:
-    """The 1-based line number of byte ``offset``."""
-    return data.count(b"\n", 0, offset) + 1
+def binary(path: Path, lineno: int, offset: int) -> ValueError:
+    return ValueError(
+        f"{path} looks binary (NUL byte at line {lineno}, byte offset {offset}); pass a UTF-8 "
+        "text file (UTF-16 text must first be re-encoded as UTF-8)"
+    )

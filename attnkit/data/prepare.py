@@ -1,23 +1,31 @@
-"""Preparing a corpus for training: the run's texts read and split, the tokenizer trained (or
-reused), the examples encoded, and their token-budget batches.
+"""Preparing a corpus for training: the run's examples read and split, the tokenizer trained
+(or reused), the examples encoded once into a dataset store (:mod:`attnkit.data.store`), and
+their token-budget batches.
 
-A pair's ``cost`` (the positions it takes in a batch) is what
-:class:`~attnkit.data.batching.TokenBatches` packs by.
+A user's files are streamed (read line by line, three times: to count and check them, to
+sample the tokenizer's text, to encode), so memory does not grow with them; the built-in
+corpora are small and read in memory. A pair's ``cost`` (the positions it takes in a batch) is
+what :class:`~attnkit.data.batching.TokenBatches` packs by.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from attnkit.config import RunConfig
-from attnkit.data import corpora
-from attnkit.data.batching import TokenBatches, split_train_valid
-from attnkit.data.files import read_labeled, read_lines, read_pairs
+from attnkit.data import corpora, store
+from attnkit.data.batching import TokenBatches, valid_mask
+from attnkit.data.files import Kind, as_paths, iter_examples, open_text, read_labeled, read_lines, read_pairs
 from attnkit.data.specials import ModelSpecials, Specials
 from attnkit.data.tokenizer import encode_batch, has_specials, load_tokenizer, specials_of, train_tokenizer
+from attnkit.progress import ProgressReport
 
 
 @dataclass
@@ -26,9 +34,11 @@ class Data:
 
     tokenizer: Tokenizer
     specials: Specials | ModelSpecials | None  # None: a classifier with a pretrained model's own tokenizer
-    train: list[Any]  # token-id examples: list[int], (source, target) pairs, or (ids, label) for classify
-    valid: list[Any]
-    test: list[Any]  # empty for user files (their held-out part is valid)
+    # Token-id examples (a store's splits, or lists): list[int], (source, target) pairs, or
+    # (ids, label) for classify.
+    train: Sequence[Any]
+    valid: Sequence[Any]
+    test: Sequence[Any]  # empty for user files (their held-out part is valid)
     labels: tuple[str, ...] = ()  # classify: the label names, index = class
 
 
@@ -41,35 +51,69 @@ def cost(example: Any) -> int:
     return len(example) + 2
 
 
-def batch_positions(batch: list[int], examples: list[Any]) -> int:
-    """The padded positions a batch of ``examples`` (indices) takes: what the token budget bounds."""
-    return len(batch) * max(cost(examples[i]) for i in batch)
+def costs(examples: Sequence[Any]) -> np.ndarray:
+    """(n,) :func:`cost` of every example; a store's split gives them without reading one."""
+    if isinstance(examples, store.Examples):
+        return examples.costs()
+    return np.fromiter((cost(e) for e in examples), dtype=np.int32, count=len(examples))
+
+
+def batch_positions(batch: Sequence[int], example_costs: np.ndarray) -> int:
+    """The padded positions a batch of examples (indices) takes: what the token budget bounds."""
+    return len(batch) * int(example_costs[np.asarray(batch)].max())
+
+
+def kind_of(run: RunConfig) -> Kind:
+    """What one example of the run is: a line, a (source, target) pair, or a (text, label)."""
+    return "labeled" if run.objective == "classify" else "pairs" if run.objective == "translation" else "lines"
+
+
+def check_corpus(run: RunConfig) -> None:
+    """Refuse a corpus the run's objective cannot train on, before anything is read."""
+    data, translation = run.data, run.objective == "translation"
+    if run.objective == "classify":
+        if data.corpus not in ("testament", "files"):
+            raise ValueError(f"classification reads text<TAB>label files or the testament corpus, not {data.corpus!r}")
+        if data.corpus == "files" and not data.path:
+            raise ValueError("no training data: pass --data.path FILE of text<TAB>label lines")
+        return
+    if data.corpus == "testament":
+        raise ValueError("the testament corpus is a classification task: train it with train.objective=classify")
+    if data.corpus == "bible" and data.tasks and not translation:
+        raise ValueError("data.tasks are text-to-text pairs: train them with train.objective=translation")
+    if data.corpus == "numbers" and not translation:
+        raise ValueError("the numbers corpus holds translation pairs; train an encoder-decoder (translation) on it")
+    if data.corpus == "files" and not data.path:
+        raise ValueError("no training data: pass --data.path FILE (plain text, or source<TAB>target for translation)")
 
 
 def read_texts(run: RunConfig) -> corpora.Split[Any]:
-    """The run's examples as text: lines, or (source, target) pairs for translation, split."""
+    """The run's examples as text, in memory: lines, (source, target) pairs for translation,
+    or (text, label) for classification, split. (Training streams a user's files instead:
+    :func:`load_data`.)"""
+    check_corpus(run)
     data, translation = run.data, run.objective == "translation"
-    if run.objective == "classify":
-        return _labeled(run)
     if data.corpus == "testament":
-        raise ValueError("the testament corpus is a classification task: train it with train.objective=classify")
+        return corpora.testament(data.source)
     if data.corpus == "bible":
         if translation and data.tasks:
             return corpora.bible_tasks(data.tasks)
-        if data.tasks:
-            raise ValueError("data.tasks are text-to-text pairs: train them with train.objective=translation")
         return corpora.bible_pairs(data.source, data.target) if translation else corpora.bible_text(data.bibles)
     if data.corpus == "numbers":
-        if not translation:
-            raise ValueError("the numbers corpus holds translation pairs; train an encoder-decoder (translation) on it")
         return corpora.numbers_pairs(data.numbers, data.source, data.target)
-    if not data.path:
-        raise ValueError("no training data: pass --data.path FILE (plain text, or source<TAB>target for translation)")
-    items: list[Any] = read_pairs(data.path) if translation else read_lines(data.path)
-    if len(items) < 2:
-        raise ValueError(f"{', '.join(data.path)}: fewer than 2 examples; a run needs more data")
-    train_idx, valid_idx = split_train_valid(len(items), data.valid_fraction, run.train.seed)
-    return corpora.Split([items[i] for i in train_idx], [items[i] for i in valid_idx], [])
+    kind = kind_of(run)
+    items: list[Any] = {"labeled": read_labeled, "pairs": read_pairs, "lines": read_lines}[kind](data.path)
+    _check_count(data.path, len(items), kind, {label for _, label in items} if kind == "labeled" else set())
+    held = valid_mask(len(items), data.valid_fraction, run.train.seed)
+    train = [e for e, h in zip(items, held, strict=True) if not h]
+    return corpora.Split(train, [e for e, h in zip(items, held, strict=True) if h], [])
+
+
+def _check_count(paths: Sequence[str], n: int, kind: Kind, labels: set[str]) -> None:
+    if n < 2:
+        raise ValueError(f"{', '.join(paths)}: fewer than 2 examples; a run needs more data")
+    if kind == "labeled" and len(labels) < 2:
+        raise ValueError(f"{', '.join(paths)}: every example has the same label; a classifier needs two or more")
 
 
 def weigh_tasks(run: RunConfig, train: list[Any]) -> list[Any]:
@@ -103,32 +147,19 @@ def tokenizer_texts(run: RunConfig, train: list[Any]) -> list[str]:
     return [text for text, _ in corpora.reweigh(sides, lambda side: weights.get(side[1], 1.0), run.train.seed)]
 
 
-def _labeled(run: RunConfig) -> corpora.Split[tuple[str, str]]:
-    """(text, label) examples: the testament task, or the run's text<TAB>label files."""
-    data = run.data
-    if data.corpus == "testament":
-        return corpora.testament(data.source)
-    if data.corpus != "files":
-        raise ValueError(f"classification reads text<TAB>label files or the testament corpus, not {data.corpus!r}")
-    if not data.path:
-        raise ValueError("no training data: pass --data.path FILE of text<TAB>label lines")
-    items = read_labeled(data.path)
-    if len({label for _, label in items}) < 2:
-        raise ValueError(f"{', '.join(data.path)}: every example has the same label; a classifier needs two or more")
-    train_idx, valid_idx = split_train_valid(len(items), data.valid_fraction, run.train.seed)
-    return corpora.Split([items[i] for i in train_idx], [items[i] for i in valid_idx], [])
-
-
 def labels_of(texts: corpora.Split[tuple[str, str]]) -> tuple[str, ...]:
     """The label names of a classification corpus, sorted; a held-out label never trained on is
     refused (a classifier cannot predict it)."""
-    names = tuple(sorted({label for _, label in texts.train}))
-    unseen = sorted({label for part in (texts.valid, texts.test) for _, label in part} - set(names))
-    if unseen:
+    names = {label for _, label in texts.train}
+    check_held_out_labels(names, {label for part in (texts.valid, texts.test) for _, label in part})
+    return tuple(sorted(names))
+
+
+def check_held_out_labels(trained: set[str], held: set[str]) -> None:
+    if unseen := sorted(held - trained):
         raise ValueError(
             f"label(s) {', '.join(map(repr, unseen))} appear only in held-out examples; add training examples of them"
         )
-    return names
 
 
 def encode_labeled(
@@ -154,48 +185,175 @@ def encode(tokenizer: Tokenizer, examples: list[Any], max_tokens: int) -> list[A
     return [e for e in encoded if (all(e) if pairs else e)]
 
 
-def load_data(run: RunConfig, tokenizer: Tokenizer | None, specials: ModelSpecials | None = None) -> Data:
-    """Read the corpus, train (or reuse) the tokenizer on the training split, encode.
-    ``specials``: a pretrained model's own ids, where its tokenizer is not attnkit's."""
-    texts = read_texts(run)
+class MemorySource:
+    """A built-in corpus, read in memory (they are small), as a store reads it."""
+
+    def __init__(self, run: RunConfig) -> None:
+        texts = read_texts(run)
+        self.labels = labels_of(texts) if run.objective == "classify" else ()
+        train = list(texts.train) if run.objective == "classify" else weigh_tasks(run, texts.train)
+        self.parts = {"train": train, "valid": texts.valid, "test": texts.test}
+        self.texts = [t for t, _ in texts.train] if run.objective == "classify" else tokenizer_texts(run, texts.train)
+        self.total_bytes = sum(
+            len(t.encode()) for part in self.parts.values() for e in part for t in (e if isinstance(e, tuple) else [e])
+        )
+
+    def examples(self) -> Iterator[tuple[str, Any]]:
+        for split, part in self.parts.items():
+            for example in part:
+                yield split, example
+
+    def tokenizer_texts(self) -> Iterator[str]:
+        return iter(self.texts)
+
+
+class FileSource:
+    """A user's files, streamed: read once to count and check every line (an unusable line
+    is an error naming file:line before anything is written), split at random by the run's
+    seed, then read again for the tokenizer's sample and again to encode."""
+
+    def __init__(self, kind: Kind, paths: Sequence[str], valid_fraction: float, seed: int, progress: bool) -> None:
+        self.kind, self.paths = kind, list(paths)
+        self.total_bytes = sum(p.stat().st_size for p in as_paths(self.paths) if p.is_file())
+        bar = progress_bar(self.total_bytes, "reading") if progress else None
+        n, seen, labels = 0, 0, set()
+        for example in iter_examples(kind, self.paths):
+            n += 1
+            seen += sum(len(t) for t in example) + 1 if isinstance(example, tuple) else len(example) + 1
+            if kind == "labeled":
+                labels.add(example[1])
+            if bar is not None and n % 65536 == 0:
+                bar.update(min(seen, self.total_bytes))
+        if bar is not None:
+            bar.update(self.total_bytes)
+            bar.close()
+        _check_count(self.paths, n, kind, labels)
+        self.held = valid_mask(n, valid_fraction, seed)
+        self.labels = tuple(sorted(labels))
+
+    def examples(self) -> Iterator[tuple[str, Any]]:
+        trained, held = set(), set()
+        for example, is_held in zip(iter_examples(self.kind, self.paths), self.held, strict=True):
+            if self.kind == "labeled":
+                (held if is_held else trained).add(example[1])
+            yield ("valid" if is_held else "train"), example
+        check_held_out_labels(trained, held)
+
+    def tokenizer_texts(self) -> Iterator[str]:
+        """Every k-th training example's text, k = ceil(bytes / store.TOKENIZER_SAMPLE_BYTES)."""
+        every = max(1, math.ceil(self.total_bytes / store.TOKENIZER_SAMPLE_BYTES))
+        train = (e for e, is_held in zip(iter_examples(self.kind, self.paths), self.held, strict=True) if not is_held)
+        for i, example in enumerate(train):
+            if i % every == 0:
+                if self.kind == "lines":
+                    yield example
+                else:
+                    yield from example[:1] if self.kind == "labeled" else example
+
+
+def recipe_of(run: RunConfig) -> store.Recipe:
+    """What the run's store is made of: its inputs (hashed) and the settings that decide its
+    examples, split and trained tokenizer."""
+    check_corpus(run)
+    data = run.data
+    if data.corpus == "files":
+        for path in as_paths(data.path):  # a missing path, a directory, a binary file: the reader's own error
+            open_text(path).close()
+        inputs = [store.describe_input(path) for path in as_paths(data.path)]
+        settings: dict[str, Any] = {"corpus": "files", "valid_fraction": data.valid_fraction, "seed": run.train.seed}
+    else:
+        if data.corpus == "numbers":
+            inputs = [{"name": "num2words", "version": importlib.metadata.version("num2words")}]
+        else:
+            inputs = [store.describe_input(corpora.bible_db())]
+        ignored = {"path", "tokenizer", "vocab_size", "tokenizer_weights", "max_tokens", "valid_fraction"}
+        ignored |= {"curriculum_max_tokens", "curriculum_epochs"}
+        settings = {k: v for k, v in data.__dict__.items() if k not in ignored} | {"seed": run.train.seed}
+        settings = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
+    vocab = {"vocab_size": data.vocab_size, "tokenizer_weights": list(data.tokenizer_weights), "seed": run.train.seed}
+    return store.Recipe(kind_of(run), tuple(inputs), settings, vocab)
+
+
+def source_of(run: RunConfig, progress: bool = False) -> store.Source:
+    if run.data.corpus == "files":
+        return FileSource(kind_of(run), run.data.path, run.data.valid_fraction, run.train.seed, progress)
+    return MemorySource(run)
+
+
+def prepare(run: RunConfig, tokenizer: Tokenizer | None = None, progress: bool = False) -> store.Store:
+    """The run's dataset store, built where there is none (``attnkit prepare``); ``tokenizer``:
+    the one to encode with (``data.tokenizer``'s when the run names one), else one trained."""
     if tokenizer is None and run.data.tokenizer:
         tokenizer = load_tokenizer(run.data.tokenizer)
-    if run.objective == "classify":
-        labels = labels_of(texts)
-        if tokenizer is None:
-            tokenizer = train_tokenizer([text for text, _ in texts.train], run.data.vocab_size)
-        parts = [
-            encode_labeled(tokenizer, part, labels, run.data.max_tokens)
-            for part in (texts.train, texts.valid, texts.test)
-        ]
-        if not parts[0] or not parts[1]:
-            raise ValueError("the corpus gave no usable training or validation example; check data.path")
-        specials = specials_of(tokenizer) if has_specials(tokenizer) else None
-        return Data(tokenizer, specials, *parts, labels=labels)
-    if tokenizer is None:  # one vocabulary for source and target, as the paper's shared BPE
-        tokenizer = train_tokenizer(tokenizer_texts(run, texts.train), run.data.vocab_size)
-    train, valid, test = (
-        encode(tokenizer, part, run.data.max_tokens)
-        for part in (weigh_tasks(run, texts.train), texts.valid, texts.test)
+    vocab_size = run.data.vocab_size
+    return store.open_or_build(
+        recipe_of(run),
+        lambda: source_of(run, progress),
+        tokenizer,
+        lambda texts: train_tokenizer(texts, vocab_size),
+        progress_bar if progress else None,
     )
+
+
+PROGRESS_BYTES = 8_000_000  # a corpus smaller than this is read in a moment: no progress shown
+
+
+def progress_bar(total: float, desc: str) -> Any:
+    """Progress in MB, MB/s and time left, for a corpus of at least :data:`PROGRESS_BYTES`."""
+    return ProgressReport(total, desc, unit="B", enabled=total >= PROGRESS_BYTES)
+
+
+def held_out(run: RunConfig, split: str) -> list[Any]:
+    """The run's held-out ``split`` as text (valid, or test where the corpus has one): from a
+    store of its data where there is one, else read (a user's files streamed, only that
+    split kept)."""
+    if split not in store.SPLITS:
+        raise ValueError(f"split must be one of {', '.join(store.SPLITS)}, got {split!r}")
+    found = store.find_held_out(recipe_of(run))
+    if found is not None and split in store.HELD_OUT:
+        return store.read_held_out(found, split)
+    if run.data.corpus != "files":
+        return read_texts(run).get(split)
+    source = FileSource(kind_of(run), run.data.path, run.data.valid_fraction, run.train.seed, progress=False)
+    return [e for s, e in source.examples() if s == split]
+
+
+def load_data(
+    run: RunConfig, tokenizer: Tokenizer | None, specials: ModelSpecials | None = None, progress: bool = False
+) -> Data:
+    """The run's corpus from its dataset store (built first where there is none: the
+    tokenizer trained, or ``tokenizer`` reused, and every example encoded once), its splits
+    read from disk as they are used. ``specials``: a pretrained model's own ids, where its
+    tokenizer is not attnkit's. ``progress``: show the reading and tokenizing."""
+    prepared = prepare(run, tokenizer, progress)
+    tokenizer = prepared.tokenizer
+    train, valid, test = (prepared.examples(split, run.data.max_tokens) for split in store.SPLITS)
     if len(train) < 1 or len(valid) < 1:
         raise ValueError(
             "the corpus gave no usable training or validation example; check data.path and data.max_tokens"
         )
+    if run.objective == "classify":
+        specials = specials_of(tokenizer) if has_specials(tokenizer) else None
+        return Data(tokenizer, specials, train, valid, test, labels=prepared.labels)
     return Data(tokenizer, specials or specials_of(tokenizer), train, valid, test)
 
 
 def train_batches(run: RunConfig, data: Data) -> TokenBatches:
     """The training split's token-budget batches, with the run's curriculum, if any."""
-    lengths = [cost(e) for e in data.train]
+    lengths = costs(data.train)
     short_max = run.data.curriculum_max_tokens
     if short_max is not None and min(lengths) > short_max:
         raise ValueError(
             f"data.curriculum_max_tokens={short_max} leaves no training example for the curriculum (the shortest "
             f"takes {min(lengths)} positions); raise it, or set it to null for no curriculum"
         )
-    pairs = bool(data.train) and isinstance(data.train[0], tuple) and not isinstance(data.train[0][1], int)
+    if isinstance(data.train, store.Examples):
+        within = data.train.within()
+    elif data.train and isinstance(data.train[0], tuple) and not isinstance(data.train[0][1], int):  # pairs
+        within = np.array([len(source) for source, _ in data.train])
+    else:
+        within = None
     return TokenBatches(
         lengths, run.train.batch_tokens, run.train.seed, short_max=short_max, short_epochs=run.data.curriculum_epochs,
-        within=[len(source) for source, _ in data.train] if pairs else None,
+        within=within,
     )  # fmt: skip

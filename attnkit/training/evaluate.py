@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from attnkit.config import RunConfig
 from attnkit.data.batching import TokenBatches
-from attnkit.data.prepare import cost
+from attnkit.data.prepare import costs
 from attnkit.data.tokenizer import decode
 from attnkit.generation.batches import length_sorted, pad_right
 from attnkit.models.core import Model
@@ -38,7 +38,7 @@ def evaluate(
 
     was_training = model.training
     model.eval()
-    batches = TokenBatches([cost(e) for e in examples], run.train.batch_tokens, run.train.seed, shuffle=False)
+    batches = TokenBatches(costs(examples), run.train.batch_tokens, run.train.seed, shuffle=False)
     total, tokens, sums = 0.0, 0, {}
     device = next(model.parameters()).device
     for i, indices in enumerate(batches.epoch_batches(0)[: run.train.eval_batches]):

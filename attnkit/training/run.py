@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 
 from attnkit.config import ModelConfig, RunConfig, apply_overrides, objective_mismatch, run_from_dict
 from attnkit.data.batching import StepBatches
-from attnkit.data.prepare import Data, batch_positions, load_data, train_batches
+from attnkit.data.prepare import Data, batch_positions, costs, load_data, train_batches
 from attnkit.data.specials import ModelSpecials, Specials
 from attnkit.data.tokenizer import has_specials, load_tokenizer
 from attnkit.machine import cpu_class
@@ -139,6 +139,7 @@ def _start(
     kept: MachineRecord | None,
     resume: bool,
     force: bool,
+    progress: bool,
 ) -> tuple[Data, RunConfig, MachineRecord]:
     """A new run's data (``prepared``, or read now with ``base``'s tokenizer when fine-tuning),
     its model fitted to the machine when ``fit`` is given (or as ``kept``, the record of a run
@@ -147,7 +148,7 @@ def _start(
     leaves nothing behind)."""
     base_config = None if base is None else base.config
     tokenizer = None if base is None else base.tokenizer
-    data = prepared or load_data(run, tokenizer, _model_specials(run, base_config, tokenizer))
+    data = prepared or load_data(run, tokenizer, _model_specials(run, base_config, tokenizer), progress)
     record = kept
     if record is None:
         precision, reason = distributed.precision_choice(run.train.precision, world.device, run.train.cpu_class)
@@ -191,7 +192,8 @@ def _probe(run: RunConfig, data: Data, table: FitTable, world: World, precision:
     batches = train_batches(dataclasses.replace(run, data=plain), data)
     per_step = run.train.batches_per_step
     steps = list(itertools.islice(iter(StepBatches(batches, 0, 1, per_step)), PROBE_STEPS))
-    typical = per_step * statistics.fmean(batch_positions(b, data.train) for b in batches.epoch_batches(0))
+    example_costs = costs(data.train)
+    typical = per_step * statistics.fmean(batch_positions(b, example_costs) for b in batches.epoch_arrays(0))
 
     def step_of(candidate: Candidate) -> Callable[[], float]:
         cand = dataclasses.replace(model_config_for(apply_overrides(run, candidate.changes), data), data=plain)
@@ -206,7 +208,7 @@ def _probe(run: RunConfig, data: Data, table: FitTable, world: World, precision:
         def one() -> float:
             step_batches = next(cycle)
             trainer._step(step_batches)
-            return sum(batch_positions(b, data.train) for b in step_batches) / typical  # its size / a typical step's
+            return sum(batch_positions(b, example_costs) for b in step_batches) / typical  # its size / a typical step's
 
         return one
 
@@ -387,8 +389,9 @@ def train(
             # Resumed before its first checkpoint: the choices its run.json records are kept.
             kept = read_run_config(run_dir)[1] if resume and (run_dir / RUN_CONFIG).exists() else None
             started = distributed.on_main(
-                world, lambda: _start(run, run_dir, prepared, base, world, fit, no_fit, kept, resume, force)
-            )  # fmt: skip
+                world,
+                lambda: _start(run, run_dir, prepared, base, world, fit, no_fit, kept, resume, force, progress_bar),
+            )
             if started is not None:
                 data, run, record = started
                 for line in record.describe():
@@ -396,7 +399,8 @@ def train(
         if data is None:  # resumed, or another rank of a new run
             saved, record = read_run_config(run_dir)
             tokenizer = load_tokenizer(run_dir / TOKENIZER)
-            data = prepared or load_data(run, tokenizer, _model_specials(saved, saved.model, tokenizer))
+            specials = _model_specials(saved, saved.model, tokenizer)
+            data = prepared or load_data(run, tokenizer, specials, progress_bar and world.is_main)
             if record is not None and record.fit is not None:  # the machine's choice, kept
                 run = apply_overrides(run, record.fit["changes"])
             if checkpoint is not None and record is not None and world.is_main:

@@ -7,8 +7,8 @@ import io
 
 import pytest
 
-from attnkit.training import progress as progress_module
-from attnkit.training.progress import ProgressReport
+from attnkit import progress as progress_module
+from attnkit.progress import ProgressReport
 
 
 class Terminal(io.StringIO):

@@ -12,7 +12,8 @@ from tqdm import tqdm
 
 
 class ProgressReport:
-    """Progress towards ``total`` (steps, or seconds with ``unit="s"``), from ``initial``."""
+    """Progress towards ``total`` (steps, seconds with ``unit="s"``, or bytes with ``unit="B"``,
+    shown in MB with the rate in MB/s and the time left), from ``initial``."""
 
     def __init__(
         self,
@@ -37,7 +38,7 @@ class ProgressReport:
             bar_format = "{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]" if unit == "s" else None
             self.bar = tqdm(
                 total=total, initial=initial, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True,
-                bar_format=bar_format,
+                bar_format=bar_format, unit_scale=unit == "B", unit_divisor=1000,
             )  # fmt: skip
         self.start = self.last = time.perf_counter()
 
@@ -57,9 +58,15 @@ class ProgressReport:
 
     def line(self) -> str:
         shown = "".join(f", {k} {v}" for k, v in self.fields.items())
+        elapsed = time.perf_counter() - self.start
+        if self.unit == "B":  # bytes: MB, MB/s and the time left at that rate
+            rate = self.n / elapsed if elapsed > 0 else 0.0
+            left = f", {(self.total - self.n) / rate:.0f} s left" if rate > 0 and self.n < self.total else ""
+            share = f" ({self.n / self.total:.0%})" if self.total else ""
+            return (f"{self.desc}: {self.n / 1e6:.1f}/{self.total / 1e6:.1f} MB{share}, {rate / 1e6:.1f} MB/s{left}"
+                    f"{shown} [{elapsed:.0f} s]")  # fmt: skip
         unit = " s" if self.unit == "s" else f" {self.unit}s"
         share = f" ({self.n / self.total:.0%})" if self.total else ""
-        elapsed = time.perf_counter() - self.start
         return f"{self.desc}: {self.n:.0f}/{self.total:.0f}{unit}{share}{shown} [{elapsed:.0f} s]"
 
     def _line(self) -> None:
