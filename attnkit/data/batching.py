@@ -358,7 +358,8 @@ def valid_mask(n: int, valid_fraction: float, seed: int) -> np.ndarray:
     if n - n_valid < 1:
         raise ValueError(f"n={n} examples leave none for training with valid_fraction={valid_fraction}")
     held = np.zeros(n, dtype=bool)
-    held[np.random.default_rng(seed).permutation(n)[:n_valid]] = True
+    # The permutation of int32 indices: the same draw as permutation(n), half its memory.
+    held[np.random.default_rng(seed).permutation(np.arange(n, dtype=np.int32))[:n_valid]] = True
     return held
 
 

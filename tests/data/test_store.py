@@ -225,10 +225,16 @@ def test_a_bad_line_is_refused_before_anything_is_written(tmp_path: Path, own_st
     assert not own_store.exists() or list(own_store.iterdir()) == []
 
 
-def test_a_prepare_killed_midway_is_never_used_and_is_started_again(tmp_path: Path, own_store: Path) -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["prepare", "train"])
+def test_a_run_killed_while_preparing_is_never_used_and_is_started_again(
+    tmp_path: Path, own_store: Path, command: str
+) -> None:
     path = write_corpus(tmp_path / "corpus.txt", "lines", n=60_000)
-    args = [sys.executable, "-m", "attnkit", "prepare", "--preset", "gpt-tiny", "--quiet", "--data.corpus=files",
+    args = [sys.executable, "-m", "attnkit", command, "--preset", "gpt-tiny", "--quiet", "--data.corpus=files",
             f"--data.path={path}", "--data.vocab_size=400"]  # fmt: skip
+    if command == "train":
+        args += ["--out", str(tmp_path / "run"), "--train.max_steps=2"]
     proc = subprocess.Popen(args, env=os.environ | {store.ENV: str(own_store)}, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not (own_store.is_dir() and any(p.suffix == ".ids" for d in own_store.iterdir() for p in d.iterdir())):
@@ -239,7 +245,7 @@ def test_a_prepare_killed_midway_is_never_used_and_is_started_again(tmp_path: Pa
     assert store_dirs(own_store) == []  # only the temporary directory, never taken for a store
     done = subprocess.run(args, env=os.environ | {store.ENV: str(own_store)}, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "built from" in done.stdout
+    assert "built from" in done.stdout if command == "prepare" else "step 2:" in done.stdout
     assert [p.name for p in own_store.iterdir() if p.name.startswith(".")] == []  # the killed build's removed
     (built,) = store_dirs(own_store)
     manifest = json.loads((built / store.MANIFEST).read_text())
