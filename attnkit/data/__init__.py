@@ -1,4 +1,4 @@
-"""Text in, token ids out: corpora, tokenizers, batching."""
+"""Text in, token ids out: corpora, tokenizers, the dataset store (a corpus tokenized once), batching."""
 
 from attnkit.data.batching import BatchIterator, ShardedBatches, TokenBatches, split_train_valid
 from attnkit.data.files import read_lines, read_pairs

@@ -47,6 +47,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from attnkit.data.files import Kind
+from attnkit.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -491,7 +492,7 @@ def build(
             if not (directory / MANIFEST).is_file():
                 raise
             shutil.rmtree(tmp)  # another process built it first: the same store
-        _fsync_dir(directory.parent)
+        fsync_dir(directory.parent)
         log.info("prepared %s in %.1f s", directory, time.perf_counter() - start)
         return directory
     except OSError as err:
@@ -511,14 +512,6 @@ def _write_synced(path: Path, text: str) -> None:
         file.write(text)
         file.flush()
         os.fsync(file.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove_abandoned(base: Path) -> None:

@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from attnkit.config import ModelConfig, from_dict
+from attnkit.durable import fsync_dir
 from attnkit.models.generation_config import GENERATION_CONFIG, read_generation_config, write_generation_config
 from attnkit.nn.quantized import repack_changed
 
@@ -382,14 +383,6 @@ def _json_bytes(data: dict[str, Any]) -> bytes:
     return (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_directory(path: str | Path, files: dict[str, bytes | dict[str, Tensor]], overwrite: bool) -> None:
     """Write ``files`` (name -> JSON/text bytes, or a tensor dict for safetensors) into a
     temporary sibling directory, fsync it, then rename it into place. An existing non-empty
@@ -411,13 +404,13 @@ def write_directory(path: str | Path, files: dict[str, bytes | dict[str, Tensor]
                 target.write_bytes(content)
             with open(target, "rb") as fh:
                 os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         old = None
         if path.exists():
             old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
             path.rename(old)
         tmp.rename(path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         if old is not None:
             shutil.rmtree(old)
     except BaseException:
