@@ -66,3 +66,15 @@ def test_a_terminal_gets_the_redrawn_bar() -> None:
 def test_a_bad_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="progress interval must be > 0 seconds, got 0"):
         ProgressReport(10, "training", every=0, stream=io.StringIO())
+
+
+def test_bytes_are_shown_in_mb_with_the_rate_and_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(tick=2.0)  # perf_counter: 2 s at the start, 4 s at the line
+    monkeypatch.setattr(progress_module, "time", clock)
+    log = io.StringIO()
+    report = ProgressReport(100e6, "tokenizing", unit="B", every=1e9, stream=log)
+    report.update(25e6)
+    assert report.line().startswith("tokenizing: 25.0/100.0 MB (25%), 6.2 MB/s, 12 s left [")
+    report.update(100e6)
+    report.close()
+    assert "s left" not in log.getvalue().splitlines()[-1]  # done: nothing left
