@@ -328,6 +328,8 @@ def saved_run(run_dir: str) -> RunConfig:
 def held_out(run: RunConfig, split: str) -> list:
     from attnkit.data.prepare import held_out as read_held_out
 
+    if split == "test" and run.data.corpus == "files":  # user files have no test split: their held-out part is valid
+        split = "valid"
     part = read_held_out(run, split)
     if not part and split == "test":  # user files have no test split: their held-out part is valid
         part = read_held_out(run, "valid")

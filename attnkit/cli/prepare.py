@@ -33,7 +33,12 @@ def run(args: argparse.Namespace) -> int:
 
     config = run_config(args)
     start = time.perf_counter()
-    store = prepare(config, progress=not args.quiet)
+    tokenizer = None
+    if config.train.init is not None:  # fine-tuning encodes with the pretrained model's own tokenizer
+        from attnkit.training.run import pretrained
+
+        tokenizer = pretrained(config).tokenizer  # type: ignore[union-attr]
+    store = prepare(config, tokenizer, progress=not args.quiet)
     seconds = time.perf_counter() - start
     manifest = store.manifest
     size = sum(f["bytes"] for f in manifest["files"].values())

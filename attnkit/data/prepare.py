@@ -214,7 +214,8 @@ class FileSource:
 
     def __init__(self, kind: Kind, paths: Sequence[str], valid_fraction: float, seed: int, progress: bool) -> None:
         self.kind, self.paths = kind, list(paths)
-        self.total_bytes = sum(p.stat().st_size for p in as_paths(self.paths) if p.is_file())
+        self.stats = self._stats()
+        self.total_bytes = sum(size for size, _ in self.stats)
         bar = progress_bar(self.total_bytes, "reading") if progress else None
         n, seen, labels = 0, 0, set()
         for example in iter_examples(kind, self.paths):
@@ -231,9 +232,27 @@ class FileSource:
         self.held = valid_mask(n, valid_fraction, seed)
         self.labels = tuple(sorted(labels))
 
+    def _stats(self) -> list[tuple[int, int]]:
+        return [(path.stat().st_size, path.stat().st_mtime_ns) for path in as_paths(self.paths)]
+
+    def _read(self) -> Iterator[tuple[Any, bool]]:
+        """(example, whether it is held out) in file order. A file that changed since it was
+        counted is refused: its store would hold other text than its hash names."""
+        changed = ValueError(f"{', '.join(self.paths)} changed while being prepared; run again once it is written")
+        if self._stats() != self.stats:
+            raise changed
+        n = 0
+        for example in iter_examples(self.kind, self.paths):
+            if n >= len(self.held):
+                raise changed
+            yield example, bool(self.held[n])
+            n += 1
+        if n != len(self.held) or self._stats() != self.stats:
+            raise changed
+
     def examples(self) -> Iterator[tuple[str, Any]]:
         trained, held = set(), set()
-        for example, is_held in zip(iter_examples(self.kind, self.paths), self.held, strict=True):
+        for example, is_held in self._read():
             if self.kind == "labeled":
                 (held if is_held else trained).add(example[1])
             yield ("valid" if is_held else "train"), example
@@ -242,7 +261,7 @@ class FileSource:
     def tokenizer_texts(self) -> Iterator[str]:
         """Every k-th training example's text, k = ceil(bytes / store.TOKENIZER_SAMPLE_BYTES)."""
         every = max(1, math.ceil(self.total_bytes / store.TOKENIZER_SAMPLE_BYTES))
-        train = (e for e, is_held in zip(iter_examples(self.kind, self.paths), self.held, strict=True) if not is_held)
+        train = (example for example, is_held in self._read() if not is_held)
         for i, example in enumerate(train):
             if i % every == 0:
                 if self.kind == "lines":
@@ -342,10 +361,10 @@ def train_batches(run: RunConfig, data: Data) -> TokenBatches:
     """The training split's token-budget batches, with the run's curriculum, if any."""
     lengths = costs(data.train)
     short_max = run.data.curriculum_max_tokens
-    if short_max is not None and min(lengths) > short_max:
+    if short_max is not None and lengths.min() > short_max:
         raise ValueError(
             f"data.curriculum_max_tokens={short_max} leaves no training example for the curriculum (the shortest "
-            f"takes {min(lengths)} positions); raise it, or set it to null for no curriculum"
+            f"takes {lengths.min()} positions); raise it, or set it to null for no curriculum"
         )
     if isinstance(data.train, store.Examples):
         within = data.train.within()

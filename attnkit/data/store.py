@@ -29,12 +29,14 @@ corpus over an epoch, where reads go through the page cache and leave it flat.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import itertools
 import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
 import weakref
@@ -322,20 +324,55 @@ def open_or_build(
 ) -> Store:
     """The store of ``recipe`` with ``tokenizer`` (None: trained on the corpus by
     ``train_tokenizer``), opened; built first from ``source()`` where there is none, or where the
-    one there fails its checks (said in one line, then rebuilt)."""
-    directory = find(recipe, tokenizer)
-    if directory is not None:
-        try:
-            store = open_store(directory)
-        except StoreCorruptError as err:
-            log.warning("the dataset store %s is damaged: %s; rebuilding it", directory.name, err)
-            shutil.rmtree(directory, ignore_errors=True)
-        else:
-            return store if tokenizer is None else Store(store.directory, store.manifest, tokenizer)
+    one there fails its checks (said in one line, then rebuilt). One process builds a store at a
+    time (a lock file beside it): another that needs it waits, then opens what was built."""
+    found = _open_found(recipe, tokenizer)
+    if found is not None:
+        return found
     given = None if tokenizer is None else sha256_text(tokenizer.to_str())
-    directory = build(root() / recipe.name(given), recipe, source(), tokenizer, train_tokenizer, progress or _quiet)
+    base = root()
+    base.mkdir(parents=True, exist_ok=True)
+    with _build_lock(base / f".{recipe.name(given)}.lock"):
+        found = _open_found(recipe, tokenizer)  # built by another process while this one waited
+        if found is not None:
+            return found
+        directory = build(base / recipe.name(given), recipe, source(), tokenizer, train_tokenizer, progress or _quiet)
     store = open_store(directory)
     return Store(store.directory, store.manifest, tokenizer or store.tokenizer, built=True)
+
+
+def _open_found(recipe: Recipe, tokenizer: Tokenizer | None) -> Store | None:
+    """The store :func:`find` finds, opened; None where there is none, or where it was damaged
+    (then said in one line and put out of the way)."""
+    directory = find(recipe, tokenizer)
+    if directory is None:
+        return None
+    try:
+        store = open_store(directory)
+    except StoreCorruptError as err:
+        log.warning("the dataset store %s is damaged: %s; rebuilding it", directory.name, err)
+        aside = directory.with_name(f".{directory.name}.damaged-{os.getpid()}-{time.time_ns()}")
+        os.rename(directory, aside)  # out of the way at once, even where a file of it cannot be removed yet
+        shutil.rmtree(aside, ignore_errors=True)
+        return None
+    return store if tokenizer is None else Store(store.directory, store.manifest, tokenizer)
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if need be) while building."""
+    import fcntl
+
+    with path.open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process that is building the dataset store %s", path.stem.lstrip("."))
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 # -- writing ---------------------------------------------------------------------------------
@@ -441,15 +478,15 @@ def build(
     directory.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(directory.parent)
     start = time.perf_counter()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-{os.getpid()}-", dir=directory.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-{os.getpid()}-{_host()}-", dir=directory.parent))
     try:
         trained = tokenizer is None
         if tokenizer is None:
             log.info("training the tokenizer")
             tokenizer = train_tokenizer(source.tokenizer_texts())
         tokenizer.save(str(tmp / TOKENIZER))
-        vocab = tokenizer.get_vocab_size(with_added_tokens=True)
-        dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
+        ids = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1  # the largest id, not the count
+        dtype = np.dtype(np.uint16 if ids <= 1 << 16 else np.uint32)
         writers = {split: _SplitWriter(tmp, split, recipe.kind, dtype) for split in SPLITS}
         encode = _encoder(recipe.kind, tokenizer, source.labels)
         bar, done = progress(source.total_bytes, "tokenizing"), 0
@@ -486,6 +523,7 @@ def build(
             "seconds": round(time.perf_counter() - start, 2),
         }
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide it from other users of a shared store directory
         try:
             os.rename(tmp, directory)
         except OSError:
@@ -497,6 +535,8 @@ def build(
         return directory
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
         raise OSError(
             err.errno,
             f"writing the dataset store in {directory.parent} failed ({err.strerror or err}); free some "
@@ -515,11 +555,17 @@ def _write_synced(path: Path, text: str) -> None:
 
 
 def _remove_abandoned(base: Path) -> None:
-    """Remove the temporary directories of builds whose process is gone (killed mid-build)."""
+    """Remove the temporary directories of this machine's builds whose process is gone (killed
+    mid-build); another machine's (a store directory on a shared disk) are left alone."""
     for tmp in base.glob(".*.tmp-*"):
-        pid = tmp.name.rpartition(".tmp-")[2].partition("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        pid, host, *_ = [*tmp.name.rpartition(".tmp-")[2].split("-"), ""]
+        if host == _host() and pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _host() -> str:
+    """This machine, in a temporary directory's name: a hash of its host name."""
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 
 def _alive(pid: int) -> bool:

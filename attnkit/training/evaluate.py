@@ -41,7 +41,7 @@ def evaluate(
     batches = TokenBatches(costs(examples), run.train.batch_tokens, run.train.seed, shuffle=False)
     total, tokens, sums = 0.0, 0, {}
     device = next(model.parameters()).device
-    for i, indices in enumerate(batches.epoch_batches(0)[: run.train.eval_batches]):
+    for i, indices in enumerate(b.tolist() for b in batches.epoch_arrays(0)[: run.train.eval_batches]):
         generator = torch.Generator().manual_seed(run.train.seed + i)
         batch = {k: v.to(device) for k, v in objective.batch([examples[j] for j in indices], generator).items()}
         out = objective.loss(model, batch)

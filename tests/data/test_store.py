@@ -212,7 +212,7 @@ def test_a_failed_build_leaves_nothing_and_the_next_run_builds(
     monkeypatch.setattr(store._SplitWriter, "write", full_disk)
     with pytest.raises(OSError, match=f"No space left on device.*set {store.ENV}"):
         load_data(run, None)
-    assert list(own_store.iterdir()) == []  # no store, no temporary directory
+    assert [p.name for p in own_store.iterdir() if not p.name.endswith(".lock")] == []  # no store, no temporary one
     monkeypatch.setattr(store._SplitWriter, "write", real)
     assert len(load_data(run, None).train) > 0
 
@@ -222,7 +222,15 @@ def test_a_bad_line_is_refused_before_anything_is_written(tmp_path: Path, own_st
     path.write_text("a\tb\n" * 50 + "no tab here\n", encoding="utf-8")
     with pytest.raises(ValueError, match=f"{path}:51: expected 2 tab-separated columns"):
         load_data(run_of("pairs", path), None)
-    assert not own_store.exists() or list(own_store.iterdir()) == []
+    assert store_dirs(own_store) == []
+
+
+def writing_ids(root: Path) -> bool:
+    """Whether a build below ``root`` has begun writing token ids."""
+    try:
+        return any(p.suffix == ".ids" for d in root.iterdir() if d.is_dir() for p in d.iterdir())
+    except FileNotFoundError:  # the root not made yet, or a directory renamed as it was read
+        return False
 
 
 @pytest.mark.slow
@@ -237,7 +245,7 @@ def test_a_run_killed_while_preparing_is_never_used_and_is_started_again(
         args += ["--out", str(tmp_path / "run"), "--train.max_steps=2"]
     proc = subprocess.Popen(args, env=os.environ | {store.ENV: str(own_store)}, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    while not (own_store.is_dir() and any(p.suffix == ".ids" for d in own_store.iterdir() for p in d.iterdir())):
+    while not writing_ids(own_store):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
@@ -246,7 +254,7 @@ def test_a_run_killed_while_preparing_is_never_used_and_is_started_again(
     done = subprocess.run(args, env=os.environ | {store.ENV: str(own_store)}, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "built from" in done.stdout if command == "prepare" else "step 2:" in done.stdout
-    assert [p.name for p in own_store.iterdir() if p.name.startswith(".")] == []  # the killed build's removed
+    assert [p.name for p in own_store.iterdir() if ".tmp-" in p.name] == []  # the killed build's removed
     (built,) = store_dirs(own_store)
     manifest = json.loads((built / store.MANIFEST).read_text())
     assert manifest["splits"]["train"]["examples"] + manifest["splits"]["valid"]["examples"] == 60_000
@@ -279,3 +287,28 @@ def test_windowed_packing_equals_the_greedy_loop(lengths: list[int], budget: int
     order = list(range(len(lengths)))
     rnd.shuffle(order)
     assert [b.tolist() for b in pack_arrays(order, lengths, budget)] == pack_loop(order, lengths, budget)
+
+
+def test_a_file_changed_while_being_prepared_is_refused(tmp_path: Path) -> None:
+    from attnkit.data.prepare import FileSource
+
+    path = write_corpus(tmp_path / "corpus.txt", "lines")
+    source = FileSource("lines", [str(path)], 0.1, 0, progress=False)
+    with path.open("a", encoding="utf-8") as file:
+        file.write("one more line\n")
+    with pytest.raises(ValueError, match="changed while being prepared; run again"):
+        list(source.examples())
+
+
+def test_two_processes_needing_one_store_build_it_once(tmp_path: Path, own_store: Path) -> None:
+    import threading
+
+    run = run_of("lines", write_corpus(tmp_path / "corpus.txt", "lines"))
+    results: list[Any] = []
+    threads = [threading.Thread(target=lambda: results.append(load_data(run, None))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(store_dirs(own_store)) == 1
+    assert list(results[0].train) == list(results[1].train)
