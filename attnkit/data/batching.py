@@ -112,7 +112,7 @@ class TokenBatches:
             raise ValueError(f"epoch={epoch} must be >= 0")
         rng = np.random.default_rng([self.seed, epoch])
         n = len(self.lengths)
-        order = rng.permutation(np.arange(n, dtype=np.int32)) if self.shuffle else np.arange(n, dtype=np.int32)
+        order = permutation(rng, n) if self.shuffle else np.arange(n, dtype=np.int32)
         if epoch < self.short_epochs:
             order = order[self.lengths[order] <= self.short_max]
         buckets = self.lengths[order] // self.bucket_width
@@ -347,6 +347,14 @@ def pack_arrays(order: Sequence[int], lengths: Sequence[int], batch_tokens: int)
     return np.split(order, cuts)
 
 
+def permutation(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``rng.permutation(n)`` as int32, shuffled in place: the same draw, a quarter of its memory
+    at its peak (permutation(n) makes int64 indices and a shuffled copy of them)."""
+    order = np.arange(n, dtype=np.int32)
+    rng.shuffle(order)
+    return order
+
+
 def valid_mask(n: int, valid_fraction: float, seed: int) -> np.ndarray:
     """Which of ``n`` examples are held out (a bool array), as a function of ``seed`` alone:
     :func:`split_train_valid` as a mask, one byte an example for corpora of any size."""
@@ -358,8 +366,7 @@ def valid_mask(n: int, valid_fraction: float, seed: int) -> np.ndarray:
     if n - n_valid < 1:
         raise ValueError(f"n={n} examples leave none for training with valid_fraction={valid_fraction}")
     held = np.zeros(n, dtype=bool)
-    # The permutation of int32 indices: the same draw as permutation(n), half its memory.
-    held[np.random.default_rng(seed).permutation(np.arange(n, dtype=np.int32))[:n_valid]] = True
+    held[permutation(np.random.default_rng(seed), n)[:n_valid]] = True
     return held
 
 

@@ -290,3 +290,11 @@ def test_ordering_buckets_by_the_other_side_cuts_its_padding_and_keeps_everythin
     assert ordered.epoch_batches(0) != ordered.epoch_batches(1)  # ties are still drawn anew each epoch
     with pytest.raises(ValueError, match="within has 2 numbers for 3000 examples"):
         TokenBatches(cost, BUDGET, seed=1, within=[1, 2])
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 100_003])
+def test_the_int32_permutation_is_numpys_draw(n: int) -> None:
+    from attnkit.data.batching import permutation
+
+    expected = np.random.default_rng([5, 2]).permutation(n)
+    np.testing.assert_array_equal(permutation(np.random.default_rng([5, 2]), n), expected)
