@@ -330,7 +330,4 @@ def held_out(run: RunConfig, split: str) -> list:
 
     if split == "test" and run.data.corpus == "files":  # user files have no test split: their held-out part is valid
         split = "valid"
-    part = read_held_out(run, split)
-    if not part and split == "test":  # user files have no test split: their held-out part is valid
-        part = read_held_out(run, "valid")
-    return part
+    return read_held_out(run, split)

@@ -101,13 +101,21 @@ class TokenBatches:
         self.short_epochs = short_epochs if short_max is not None else 0
         self.shuffle = shuffle
         self.bucket_width = bucket_width
+        self._last: tuple[int, list[np.ndarray]] | None = None  # the epoch made last, and its batches
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """The batches of ``epoch``, in the order they are trained on; every example once."""
         return [batch.tolist() for batch in self.epoch_arrays(epoch)]
 
     def epoch_arrays(self, epoch: int) -> list[np.ndarray]:
-        """:meth:`epoch_batches` as int32 arrays."""
+        """:meth:`epoch_batches` as int32 arrays, in a new list (the arrays of the epoch made
+        last are kept: a resume and the shards ask for the same epoch more than once, and at 7 M
+        examples making one takes seconds)."""
+        if self._last is None or self._last[0] != epoch:
+            self._last = (epoch, self._make_epoch(epoch))
+        return list(self._last[1])
+
+    def _make_epoch(self, epoch: int) -> list[np.ndarray]:
         if epoch < 0:
             raise ValueError(f"epoch={epoch} must be >= 0")
         rng = np.random.default_rng([self.seed, epoch])

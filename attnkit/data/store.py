@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import itertools
 import json
@@ -64,7 +65,6 @@ HELD_OUT = ("valid", "test")
 # (the built-in corpora, whose tokenizers are thus what they were before the store).
 TOKENIZER_SAMPLE_BYTES = 32_000_000
 ENCODE_CHUNK_BYTES = 4_000_000  # text handed to the tokenizer's batch encoding at once (both cores)
-HASH_BLOCK = 1 << 22
 ENV = "ATTNKIT_STORE"
 
 
@@ -166,8 +166,10 @@ class Rows:
         size = self.dtype.itemsize
         return np.frombuffer(os.pread(self._ids, int(end - start) * size, int(start) * size), dtype=self.dtype)
 
+    @functools.cached_property
     def lengths(self) -> np.ndarray:
-        """(count,) int32: every row's length, read a million offsets at a time."""
+        """(count,) int32: every row's length, read a million offsets at a time, once (batching
+        and its source order each ask)."""
         out = np.empty(self.count, dtype=np.int32)
         step = 1 << 20
         for first in range(0, self.count, step):
@@ -226,13 +228,13 @@ class Examples(Sequence[Any]):
         """(n,) int32: the padded positions each example takes in a batch, specials included
         (:func:`attnkit.data.prepare.cost` of each, without reading one)."""
         if self.kind == "labeled":
-            return np.minimum(self.rows[0].lengths(), self.max_tokens)
-        cut = [np.minimum(rows.lengths(), self.max_tokens - 2) for rows in self.rows]
+            return np.minimum(self.rows[0].lengths, self.max_tokens)
+        cut = [np.minimum(rows.lengths, self.max_tokens - 2) for rows in self.rows]
         return cut[0] + 2 if self.kind == "lines" else np.maximum(*cut) + 1
 
     def within(self) -> np.ndarray | None:
         """Pairs: each source's length (how a bucket is ordered); None otherwise."""
-        return np.minimum(self.rows[0].lengths(), self.max_tokens - 2) if self.kind == "pairs" else None
+        return np.minimum(self.rows[0].lengths, self.max_tokens - 2) if self.kind == "pairs" else None
 
 
 @dataclass
@@ -257,10 +259,6 @@ class Store:
         if kind == "labeled":
             labels = np.fromfile(self.directory / f"{split}.labels", dtype="<i4")
         return Examples(kind, rows, labels, max_tokens)
-
-    def held_out(self, split: str) -> list[Any]:
-        """The held-out ``split`` as text examples, as the corpus gave them."""
-        return read_held_out(self.directory, split)
 
 
 def read_held_out(directory: Path, split: str) -> list[Any]:

@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 
 from attnkit.config import ModelConfig, RunConfig, apply_overrides, objective_mismatch, run_from_dict
 from attnkit.data.batching import StepBatches
-from attnkit.data.prepare import Data, batch_positions, costs, load_data, train_batches
+from attnkit.data.prepare import Data, batch_positions, load_data, train_batches
 from attnkit.data.specials import ModelSpecials, Specials
 from attnkit.data.tokenizer import has_specials, load_tokenizer
 from attnkit.machine import cpu_class
@@ -192,7 +192,7 @@ def _probe(run: RunConfig, data: Data, table: FitTable, world: World, precision:
     batches = train_batches(dataclasses.replace(run, data=plain), data)
     per_step = run.train.batches_per_step
     steps = list(itertools.islice(iter(StepBatches(batches, 0, 1, per_step)), PROBE_STEPS))
-    example_costs = costs(data.train)
+    example_costs = batches.lengths  # each example's cost, as the batches were packed by
     typical = per_step * statistics.fmean(batch_positions(b, example_costs) for b in batches.epoch_arrays(0))
 
     def step_of(candidate: Candidate) -> Callable[[], float]:

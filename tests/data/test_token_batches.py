@@ -298,3 +298,12 @@ def test_the_int32_permutation_is_numpys_draw(n: int) -> None:
 
     expected = np.random.default_rng([5, 2]).permutation(n)
     np.testing.assert_array_equal(permutation(np.random.default_rng([5, 2]), n), expected)
+
+
+def test_the_epoch_kept_for_reuse_is_not_changed_by_a_caller() -> None:
+    batches = TokenBatches(LENGTHS, BUDGET, seed=2)
+    first = batches.epoch_arrays(1)
+    expected = [b.tolist() for b in first]
+    first[:2] = []  # padded_epoch halves batches in the list it is given
+    assert batches.epoch_batches(1) == expected
+    assert batches.epoch_batches(1) == TokenBatches(LENGTHS, BUDGET, seed=2).epoch_batches(1)
