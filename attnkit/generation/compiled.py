@@ -133,10 +133,27 @@ def _shape(arg: Any) -> Any:
     return getattr(arg, "capacity", None if arg is None else type(arg).__name__)  # a cache: its capacity
 
 
+def dropout_on(model: nn.Module) -> bool:
+    """Whether ``model`` would drop activations: a module in training mode with a dropout
+    probability above 0 (an ``nn.Dropout``, or attention's own ``dropout``)."""
+    for module in model.modules():
+        p = module.p if isinstance(module, nn.Dropout) else getattr(module, "dropout", None)
+        if module.training and isinstance(p, float) and p > 0:
+            return True
+    return False
+
+
 def check_weights(model: nn.Module) -> None:
-    """Before a compiled decode: forget every compiled graph if ``model``'s weights or its
+    """Before a compiled decode: refuse a model whose dropout is on (the step decodes in
+    inference mode; traced in training mode, dropout's random masks break the graph into pieces
+    that run slower than eager), and forget every compiled graph if ``model``'s weights or its
     modules' attributes changed since its graphs were compiled (they hold the old weights as
     constants, and their guards do not read the modules: :func:`_keep_guards`)."""
+    if dropout_on(model):
+        raise ValueError(
+            "the compiled decoding step runs in inference mode, and this model is in training mode with dropout on: "
+            "call model.eval() before decoding (or decode eagerly, compile=False)"
+        )
     now, compiled_with = (_fingerprint(model), _attributes(model)), _weights.get(id(model))
     if compiled_with is not None and compiled_with != now:
         log.info("the model's weights or attributes changed since its decoding step was compiled: it compiles again")

@@ -322,6 +322,36 @@ def test_compile_refusals() -> None:
         model(random_ids(1, (1, 70), model.config.vocab_size), cache=fixed)
 
 
+@pytest.mark.parametrize("convert", ["to bfloat16", "half", "from_pretrained bf16"])
+def test_a_model_converted_any_way_compiles_to_one_whole_graph(convert: str, tmp_path: Path) -> None:
+    """However a model reached its dtype, its step is one graph with no breaks (a break runs the
+    pieces between eager calls, slower than eager), and decodes as the eager step does."""
+    from torch._dynamo.utils import counters
+
+    model = copy_of(shared_model("gpt-tiny"))
+    if convert == "to bfloat16":
+        model.to(torch.bfloat16)
+    elif convert == "half":
+        model.half()
+    else:
+        model.save_pretrained(tmp_path)
+        model = attnkit.from_pretrained(tmp_path, weights="bf16")
+    ids = random_ids(5, (2, 5), model.config.vocab_size)
+    counters.clear()
+    fast = model.generate(ids, max_new_tokens=6, compile=True)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    assert torch.equal(model.generate(ids, max_new_tokens=6, compile=True), fast)  # no new graph: reused
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_model_in_training_mode_with_dropout_is_refused_in_one_line() -> None:
+    model = attnkit.build_model("gpt-tiny")  # as built: training mode, dropout 0.1
+    ids = random_ids(1, (1, 5), model.config.vocab_size)
+    with pytest.raises(ValueError, match=r"training mode with dropout on: call model.eval\(\) before decoding"):
+        model.generate(ids, max_new_tokens=4, compile=True)
+    assert not compiled.dropout_on(model.eval())
+
+
 def test_capacity_buckets() -> None:
     assert [compiled.bucket(n) for n in (1, 64, 65, 80, 200)] == [64, 64, 128, 128, 256]
     assert compiled.bucket(600, limit=640) == 640  # the context, where a power of two would pass it
