@@ -9,15 +9,19 @@ from safetensors; nothing is unpickled.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 
 from attnkit.interop.hf import load_hf
 from attnkit.models import Model, load_saved
+from attnkit.models.auto import Choice, Job, choose
 from attnkit.models.io import CONFIG, FORMAT, read_json, refuse_pickles
-from attnkit.models.weights import format_for, to_format
+from attnkit.models.weights import WEIGHT_FORMATS, format_for, to_format
 from attnkit.training.checkpoint import CHECKPOINTS, run_model
+
+log = logging.getLogger("attnkit")
 
 
 def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
@@ -25,10 +29,28 @@ def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
     ``llama``, ``bert``, ``t5``, ``marian``) or a Llama GGUF file, with its weights in
     ``weights`` format: ``"fp32"`` as trained, ``"bf16"``, ``"int8"`` or ``"int4"`` for
     inference, ``"gguf"`` for a GGUF file's own blocks (:mod:`attnkit.models.weights`); a
-    format this machine cannot run fast gives the fastest it can, with a line in the log."""
+    format this machine cannot run fast gives the fastest it can, with a line in the log.
+    ``"auto"``: the fastest format on this machine for the model's job (a decoder-only model's
+    decoding, an encoder–decoder's batched translation) that passes the model's check
+    (:mod:`attnkit.models.auto`; what it chose and why is logged)."""
+    if weights not in ("auto", *WEIGHT_FORMATS):
+        raise ValueError(f"weights={weights!r} is not a weight format; use one of auto, {', '.join(WEIGHT_FORMATS)}")
+    if weights == "auto":
+        model, choice = load_auto(path)
+        log.info("weights='auto': %s (%s)", choice.weights, choice.reason)
+        return model
     weights = format_for(weights, torch.device("cpu"))
     model = _load(Path(path), keep_blocks=weights == "gguf")
     return model if weights in ("fp32", "gguf") else to_format(model, weights)
+
+
+def load_auto(path: str | Path, job: Job | None = None) -> tuple[Model, Choice]:
+    """The model at ``path`` in the format :func:`attnkit.models.auto.choose` picks for ``job``
+    (None: "translate" for an encoder–decoder, else "decode"; a GGUF file keeps its own
+    blocks), and the choice."""
+    path = Path(path)
+    model = _load(path, keep_blocks=path.suffix == ".gguf" and path.is_file())
+    return choose(model, job or ("translate" if model.config.is_encoder_decoder else "decode"))
 
 
 def _load(directory: Path, keep_blocks: bool = False) -> Model:

@@ -12,6 +12,7 @@ from attnkit.cli.common import (
     input_lines,
     load_for,
     report_compiles,
+    say_choice,
     tokenizer_of,
 )
 
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         options = {"compile": args.compile, **(sampling if args.do_sample else {})}
         model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, streamer=stream, **options)
         print(reply.finish(), flush=True)
+        say_choice(model)
         compiled = report_compiles(compiled)
         messages.append({"role": "assistant", "content": reply.text})
     return 0

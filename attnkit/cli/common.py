@@ -27,22 +27,43 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 
-def add_weights_flag(parser: argparse.ArgumentParser) -> None:
+def add_weights_flag(parser: argparse.ArgumentParser, default: str = "auto") -> None:
     parser.add_argument(
-        "--weights", choices=["fp32", "bf16", "int8", "int4", "gguf"], default="fp32",
-        help="weight format for inference: fp32 as trained, bf16 (CPUs with native bf16), int8, int4 (4-bit "
-        "blocks), gguf (a .gguf file's own blocks); one this CPU cannot run fast falls back, saying so (default fp32)",
+        "--weights", choices=["auto", "fp32", "bf16", "int8", "int4", "gguf"], default=default,
+        help="weight format for inference: auto (the fastest this CPU runs for the command whose perplexity on the "
+        "model's check stays within the documented bound, said on stderr), fp32 as trained, bf16 (CPUs with native "
+        "bf16), int8, int4 (4-bit blocks), gguf (a .gguf file's own blocks); one this CPU cannot run fast falls "
+        f"back, saying so (default {default})",
     )  # fmt: skip
 
 
-def load_for(directory: str, command: str, weights: str = "fp32") -> Model:
-    """The model of ``directory`` in ``weights`` format, refused with a pointer to the right
-    command when its family does not fit ``command``."""
+def load_model(directory: str, weights: str, job: str | None = None) -> Model:
+    """The model of ``directory`` in ``weights`` format; ``auto`` chooses it for ``job``
+    (:func:`attnkit.loading.load_auto`; :func:`say_choice` says what it chose and why)."""
     import attnkit
+    from attnkit.loading import load_auto
     from attnkit.machine import keep_freed_memory
 
     keep_freed_memory()  # this process decodes: reuse its large blocks (see keep_freed_memory)
-    model = attnkit.from_pretrained(directory, weights=weights)
+    if weights != "auto":
+        return attnkit.from_pretrained(directory, weights=weights)
+    model, choice = load_auto(directory, job)  # type: ignore[arg-type]
+    model._weights_choice = f"weights auto: {choice.weights}, {choice.reason}"  # for say_choice
+    return model
+
+
+def say_choice(model: Model) -> None:
+    """On stderr, once, after a command's work: the format ``--weights auto`` chose and why
+    (after, so that an error stays the one line it is)."""
+    choice = model.__dict__.pop("_weights_choice", None)
+    if choice is not None:
+        print(choice, file=sys.stderr)
+
+
+def load_for(directory: str, command: str, weights: str = "auto") -> Model:
+    """The model of ``directory`` in ``weights`` format (``auto``: chosen for ``command``'s job),
+    refused with a pointer to the right command when its family does not fit ``command``."""
+    model = load_model(directory, weights, "translate" if command == "translate" else "decode")
     cfg = model.config
     if cfg.family == "bert":
         raise ValueError(

@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog="example: attnkit evaluate --model runs/translate-en-fr --split test --num-beams 4",
     )
     add_model_flag(parser, "a run directory (written by attnkit train)")
-    add_weights_flag(parser)
+    add_weights_flag(parser, default="fp32")
     parser.add_argument("--split", choices=["valid", "test"], default="test", help="held-out split (default test)")
     parser.add_argument("--num-beams", type=int, default=4, help="beam size for translation (default 4; 1 = greedy)")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT α for beam search (default 0.6)")

@@ -17,6 +17,7 @@ from attnkit.cli.common import (
     one_line,
     parse_ids,
     report_compiles,
+    say_choice,
     streamed,
     tokenizer_of,
     until_eos,
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         for lines in translate_lines(model, tokenizer, texts, options, args.batch_size, args.seed, None,
                                      streamed(args, prompts_given), eos, pad):  # fmt: skip
             emit(lines)
+        say_choice(model)
         if args.compile:
             report_compiles()
         return 0
@@ -112,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 lines.append(one_line(tokenizer.decode(tokens, skip_special_tokens=True)))
         emit(lines)
+    say_choice(model)
     if args.compile:
         report_compiles()
     return 0

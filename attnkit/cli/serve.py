@@ -89,9 +89,7 @@ def _compile(asked: bool | None, model: object) -> bool:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import attnkit
-    from attnkit.cli.common import report_compiles
-    from attnkit.machine import keep_freed_memory
+    from attnkit.cli.common import load_model, report_compiles, say_choice
     from attnkit.serve import Limits, create_app
     from attnkit.serve.server import run as serve
 
@@ -106,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
     for origin in origins:
         if origin != "*" and not origin.startswith(("http://", "https://")):
             raise ValueError(f"--allowed-origins: {origin!r} is not an origin; give e.g. http://localhost:3000 or '*'")
-    keep_freed_memory()
-    model = attnkit.from_pretrained(args.model, weights=args.weights)
+    model = load_model(args.model, args.weights)
+    say_choice(model)
     if getattr(model, "tokenizer", None) is None:
         raise ValueError(f"{args.model} has no tokenizer, so the server cannot read text; put its tokenizer.json there")
     limits = Limits(

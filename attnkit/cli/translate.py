@@ -17,6 +17,7 @@ from attnkit.cli.common import (
     load_for,
     one_line,
     report_compiles,
+    say_choice,
     streamed,
     tokenizer_of,
     until_eos,
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     batches = args.batch_size, args.seed, args.source_length_offset, stream, eos, pad
     for lines in translate_lines(model, tokenizer, texts, options, *batches):
         emit(lines)
+    say_choice(model)
     if args.compile:
         report_compiles()
     return 0

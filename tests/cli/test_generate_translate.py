@@ -145,9 +145,11 @@ def reference_translate(model: torch.nn.Module, sources: list[str], batch_size: 
 
 
 def output_lines(capsys: pytest.CaptureFixture, argv: list[str]) -> list[str]:
+    """stdout's lines; stderr says only, once, the format ``--weights auto`` (the default) chose."""
     assert main(argv) == 0
     captured = capsys.readouterr()
-    assert captured.err == ""
+    said = [line for line in captured.err.splitlines() if not line.startswith("compiled the decoding step (")]
+    assert said == ([] if "--weights" in argv else [said[0]]) and said[0].startswith("weights auto: "), captured.err
     return captured.out.splitlines()
 
 
@@ -172,7 +174,7 @@ def test_help_has_an_example(command: str, capsys: pytest.CaptureFixture) -> Non
 
 
 def test_generate_prints_what_model_generate_gives(gpt_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    model = attnkit.from_pretrained(gpt_dir)
+    model = attnkit.from_pretrained(gpt_dir, weights="auto")
     prompts = ["the cat", "a dog ran in the", "hello"]  # different lengths: the batch is left-padded
     argv = ["generate", "--model", str(gpt_dir), "--max-new-tokens", "6", "--batch-size", "2"]
     argv += [arg for p in prompts for arg in ("--prompt", p)]
@@ -187,14 +189,14 @@ def test_generate_prints_what_model_generate_gives(gpt_dir: Path, capsys: pytest
 
 
 def test_generate_batch_of_one_is_unpadded_generation(gpt_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    model = attnkit.from_pretrained(gpt_dir)
+    model = attnkit.from_pretrained(gpt_dir, weights="auto")
     argv = ["generate", "--model", str(gpt_dir), "--max-new-tokens", "5", "--batch-size", "1", "--prompt", "the cat"]
     out = model.generate(torch.tensor([model.tokenizer.encode("the cat").ids]), max_new_tokens=5)
     assert output_lines(capsys, argv) == [model.tokenizer.decode(out[0].tolist(), skip_special_tokens=True)]
 
 
 def test_generate_reads_stdin_in_order(gpt_dir: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
-    model = attnkit.from_pretrained(gpt_dir)
+    model = attnkit.from_pretrained(gpt_dir, weights="auto")
     prompts = ["the cat", "", "attention is all", "der hund", "hello world"]  # "" starts from <s>
     monkeypatch.setattr(sys, "stdin", io.StringIO("".join(p + "\n" for p in prompts)))
     argv = ["generate", "--model", str(gpt_dir), "--max-new-tokens", "4", "--batch-size", "2"]
@@ -202,7 +204,7 @@ def test_generate_reads_stdin_in_order(gpt_dir: Path, capsys: pytest.CaptureFixt
 
 
 def test_generate_samples_reproducibly(gpt_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    model = attnkit.from_pretrained(gpt_dir)
+    model = attnkit.from_pretrained(gpt_dir, weights="auto")
     prompts = ["the cat", "a dog", "hello"]
     argv = ["generate", "--model", str(gpt_dir), "--max-new-tokens", "8", "--batch-size", "2", "--do-sample"]
     argv += ["--seed", "7", "--top-k", "10", "--temperature", "1.5"]
@@ -234,7 +236,7 @@ def test_generate_takes_and_prints_token_ids(tmp_path: Path, capsys: pytest.Capt
 
 @needs_beams
 def test_generate_with_beams(gpt_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    model = attnkit.from_pretrained(gpt_dir)
+    model = attnkit.from_pretrained(gpt_dir, weights="auto")
     prompts = ["the cat", "a dog ran in the", "hello"]
     argv = ["generate", "--model", str(gpt_dir), "--max-new-tokens", "6", "--num-beams", "3"]
     argv += ["--length-penalty", "1.0", "--length-penalty-style", "power"]
@@ -244,7 +246,7 @@ def test_generate_with_beams(gpt_dir: Path, capsys: pytest.CaptureFixture) -> No
 
 
 def test_translate_passes_the_word_unit(mt_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    model = attnkit.from_pretrained(mt_dir)
+    model = attnkit.from_pretrained(mt_dir, weights="auto")
     sources = ["the cat sat on the mat", "der hund lief im park"]
     options = dict(num_beams=2, length_penalty=0.6, max_new_tokens=12, source_length_offset=50)
     words = dict(no_repeat_ngram_size=2, no_repeat_ngram_unit="word")
@@ -262,7 +264,7 @@ def test_the_word_unit_applies_to_the_checkpoints_own_size(
     path = tmp_path / "mt"
     shutil.copytree(mt_dir, path)
     (path / "generation_config.json").write_text('{"no_repeat_ngram_size": 2}', encoding="utf-8")
-    model = attnkit.from_pretrained(path)
+    model = attnkit.from_pretrained(path, weights="auto")
     sources = ["the cat sat on the mat", "der hund lief im park"]
     options = dict(num_beams=2, length_penalty=0.6, max_new_tokens=12, source_length_offset=50)
     argv = ["translate", "--model", str(path), "--num-beams", "2", "--max-new-tokens", "12"]
@@ -276,7 +278,7 @@ GREEDY_OPTIONS = dict(num_beams=1, length_penalty=0.6, max_new_tokens=12, source
 
 
 def test_translate_prints_what_model_generate_gives(mt_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    model = attnkit.from_pretrained(mt_dir)
+    model = attnkit.from_pretrained(mt_dir, weights="auto")
     sources = ["the cat sat on the mat", "hello world", "", "der hund lief im park"]
     expected = reference_translate(model, sources, 16, **GREEDY_OPTIONS)
     assert len(set(expected)) == 4 and expected[2] == ""
@@ -284,7 +286,7 @@ def test_translate_prints_what_model_generate_gives(mt_dir: Path, capsys: pytest
 
 
 def test_translate_source_length_offset_bounds_the_output(mt_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    model = attnkit.from_pretrained(mt_dir)
+    model = attnkit.from_pretrained(mt_dir, weights="auto")
     sources = ["hello world", "attention is all you need"]
     options = {**GREEDY_OPTIONS, "source_length_offset": 0}
     expected = reference_translate(model, sources, 16, **options)
@@ -297,9 +299,10 @@ def test_translate_source_length_offset_bounds_the_output(mt_dir: Path, capsys: 
 
 def test_translate_ends_sources_with_eos(mt_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A tokenizer that does not append </s> (attnkit's own BPE) gets it appended, as in training."""
-    model = attnkit.from_pretrained(mt_dir)
+    attnkit.from_pretrained(mt_dir).save_pretrained(tmp_path / "no-eos")  # saved fp32, as trained
+    model = attnkit.from_pretrained(tmp_path / "no-eos", weights="auto")
     model.tokenizer = word_tokenizer(end_token=False)
-    model.save_pretrained(tmp_path / "no-eos")
+    model.tokenizer.save(str(tmp_path / "no-eos" / "tokenizer.json"))
     sources = ["a dog ran in the park", "attention is all you need", "hello world"]
     with_eos = output_lines(capsys, ["translate", "--model", str(mt_dir), *GREEDY, *sources])
     assert output_lines(capsys, ["translate", "--model", str(tmp_path / "no-eos"), *GREEDY, *sources]) == with_eos
@@ -308,7 +311,7 @@ def test_translate_ends_sources_with_eos(mt_dir: Path, tmp_path: Path, capsys: p
 
 
 def test_translate_reads_input_file(mt_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    model = attnkit.from_pretrained(mt_dir)
+    model = attnkit.from_pretrained(mt_dir, weights="auto")
     (tmp_path / "src.txt").write_text("hello world\n\nthe cat sat\n", encoding="utf-8")
     expected = reference_translate(model, ["hello world", "", "the cat sat"], 2, **GREEDY_OPTIONS)
     argv = ["translate", "--model", str(mt_dir), *GREEDY, "--batch-size", "2", "--input", str(tmp_path / "src.txt")]
@@ -322,10 +325,10 @@ def test_translate_streams_stdin_one_line_per_line(mt_dir: Path) -> None:
         command, input="".join(s + "\n" for s in sources), capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
+    assert result.stderr.startswith("weights auto: ") and result.stderr.count("\n") == 1, result.stderr
     lines = result.stdout.split("\n")
     assert lines[-1] == "" and len(lines[:-1]) == len(sources)  # one line out per line in
-    expected = reference_translate(attnkit.from_pretrained(mt_dir), sources, 3, **GREEDY_OPTIONS)
+    expected = reference_translate(attnkit.from_pretrained(mt_dir, weights="auto"), sources, 3, **GREEDY_OPTIONS)
     assert len(set(expected)) == len(sources)  # all different, so any reordering shows
     assert lines[:-1] == expected
 
@@ -349,14 +352,14 @@ def test_translate_answers_each_batch_before_the_input_ends(mt_dir: Path) -> Non
         process.kill()
         process.wait()
     expected = reference_translate(
-        attnkit.from_pretrained(mt_dir), ["hello world", "the cat sat", "der hund"], 2, **GREEDY_OPTIONS
+        attnkit.from_pretrained(mt_dir, weights="auto"), ["hello world", "the cat sat", "der hund"], 2, **GREEDY_OPTIONS
     )
     assert [*first, rest] == [expected[0] + "\n", expected[1] + "\n", expected[2] + "\n"]
 
 
 @needs_beams
 def test_translate_defaults_are_the_papers_beam_search(mt_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    model = attnkit.from_pretrained(mt_dir)
+    model = attnkit.from_pretrained(mt_dir, weights="auto")
     sources = ["the cat sat on the mat", "hello world", "attention is all you need"]
     options = dict(num_beams=4, length_penalty=0.6, length_penalty_style="gnmt", max_new_tokens=256)
     expected = reference_translate(model, sources, 16, source_length_offset=50, **options)
@@ -368,7 +371,7 @@ def test_hugging_face_directories_bring_their_tokenizer(tmp_path: Path, capsys: 
     model = gpt_model(word_tokenizer(end_token=False))
     attnkit.export_hf(model, tmp_path / "hf")
     assert (tmp_path / "hf" / "tokenizer.json").exists()
-    loaded = attnkit.from_pretrained(tmp_path / "hf")
+    loaded = attnkit.from_pretrained(tmp_path / "hf", weights="auto")
     texts = ["the cat", "a dog sat on the mat"]
     # The export's tokenizer.json adds the <s> attnkit puts before a prompt: the same prompt ids.
     assert prompt_ids(loaded.tokenizer, loaded.config, texts) == prompt_ids(model.tokenizer, model.config, texts)
@@ -473,7 +476,8 @@ def chat_model(tmp_path: Path) -> torch.nn.Module:
 def test_chat_streams_what_generate_decodes_and_refuses_a_model_without_a_template(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    model = chat_model(tmp_path)
+    chat_model(tmp_path)
+    model = attnkit.from_pretrained(tmp_path / "chat", weights="auto")  # as the command loads it by default
     assert main(["chat", "--model", str(tmp_path / "plain"), "--message", "hi"]) == 2
     assert "has no chat template" in capsys.readouterr().err
     assert main(["chat", "--model", str(tmp_path / "chat"), "--message", "the cat", "--max-new-tokens", "6"]) == 0

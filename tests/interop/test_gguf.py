@@ -106,7 +106,7 @@ def test_chat_renders_the_template_as_transformers_and_streams_the_answer(
     )
     ours.save_pretrained(tmp_path / "smollm2")  # the template travels in tokenizer_config.json
     capsys.readouterr()
-    assert main(["chat", "--model", str(tmp_path / "smollm2"), "--message", messages[0]["content"],
+    assert main(["chat", "--model", str(tmp_path / "smollm2"), "--weights", "fp32", "--message", messages[0]["content"],
                  "--max-new-tokens", "12"]) == 0  # fmt: skip
     assert "Paris" in capsys.readouterr().out
 

@@ -251,7 +251,7 @@ def test_bad_formats_are_refused_or_fall_back_with_a_line(
         attnkit.export_hf(attnkit.from_pretrained(directory, weights="int8"), tmp_path / "hf")
     assert not (tmp_path / "out").exists() and not (tmp_path / "hf").exists()
     with pytest.raises(
-        ValueError, match="weights='int3' is not a weight format; use one of fp32, bf16, int8, int4, gguf"
+        ValueError, match="weights='int3' is not a weight format; use one of auto, fp32, bf16, int8, int4, gguf"
     ):
         attnkit.from_pretrained(directory, weights="int3")
     with pytest.raises(ValueError, match=r"weights='gguf' keeps a GGUF file's own blocks and .* is not a \.gguf file"):
