@@ -275,6 +275,12 @@ def input_lines(args: argparse.Namespace, given: list[str] | None) -> Iterator[s
     yield from text_lines(getattr(sys.stdin, "buffer", sys.stdin), "standard input")
 
 
+def count_input_lines(args: argparse.Namespace) -> int:
+    """How many lines ``--input FILE`` holds, every one checked as :func:`input_lines` reads
+    them: a bad line is refused before anything is decoded or written."""
+    return sum(1 for _ in input_lines(args, None))
+
+
 def streamed(args: argparse.Namespace, given: list[str] | None) -> bool:
     """Whether the inputs arrive as a stream (standard input from a pipe or a terminal), whose
     next line may wait on the answer to the last; a file, redirected or named, is all there."""

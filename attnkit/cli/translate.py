@@ -10,6 +10,7 @@ from attnkit.cli.common import (
     add_decoding_flags,
     add_model_flag,
     add_weights_flag,
+    count_input_lines,
     decoding_options,
     emit,
     in_batches,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 # Batches sorted by length within windows of this many batches.
 SORT_WINDOW = 16
+PROGRESS_LINES = 1000  # an --input file this long shows its progress on stderr
 # Where neither a flag nor the checkpoint's generation_config.json says: the paper's beam search.
 DEFAULTS = dict(max_new_tokens=256, num_beams=4, length_penalty=0.6, length_penalty_style="gnmt")
 
@@ -74,6 +76,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnkit.progress import ProgressReport
+
     model = load_for(args.model, "translate", args.weights)
     cfg = model.config
     if args.source_length_offset < 0:
@@ -82,10 +86,14 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = tokenizer_of(model, args.model, ids_hint=False)
     eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
     pad = cfg.pad_token_id if args.pad_id is None else args.pad_id
+    total = count_input_lines(args) if args.input is not None and not args.text else None
     texts, stream = input_lines(args, args.text), streamed(args, args.text)
     batches = args.batch_size, args.seed, args.source_length_offset, stream, eos, pad
+    progress = ProgressReport(total or 0, "translate", unit="line", enabled=(total or 0) >= PROGRESS_LINES)
     for lines in translate_lines(model, tokenizer, texts, options, *batches):
         emit(lines)
+        progress.update(progress.n + len(lines))
+    progress.close()
     say_choice(model)
     if args.compile:
         report_compiles()

@@ -318,6 +318,26 @@ def test_translate_reads_input_file(mt_dir: Path, tmp_path: Path, capsys: pytest
     assert output_lines(capsys, argv) == expected
 
 
+def test_translate_input_file_in_sorted_batches_keeps_the_input_order_and_shows_progress(
+    mt_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import random
+
+    order = random.Random(0)
+    sources = [order.choice(SENTENCES) for _ in range(1200)]  # 1,200 lines: long enough for progress
+    (tmp_path / "doc.txt").write_text("".join(line + "\n" for line in sources), encoding="utf-8")
+    alone = reference_translate(attnkit.from_pretrained(mt_dir, weights="auto"), SENTENCES, 1, **GREEDY_OPTIONS)
+    assert len(set(alone)) == len(SENTENCES)  # all different, so a line out of place shows
+    assert main(["translate", "--model", str(mt_dir), *GREEDY, "--input", str(tmp_path / "doc.txt")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [alone[SENTENCES.index(s)] for s in sources]
+    assert "translate: 1200/1200 lines (100%)" in captured.err
+
+    (tmp_path / "bad.txt").write_bytes("".join(s + "\n" for s in sources).encode() + b"caf\xe9\n")
+    line = one_line_error(capsys, ["translate", "--model", str(mt_dir), *GREEDY, "--input", str(tmp_path / "bad.txt")])
+    assert f"--input {tmp_path / 'bad.txt'}: line 1201 is not valid UTF-8 (byte 0xe9)" in line  # and nothing written
+
+
 def test_translate_streams_stdin_one_line_per_line(mt_dir: Path) -> None:
     sources = [*SENTENCES, "", "the dog sat in the park"]
     command = [sys.executable, "-m", "attnkit", "translate", "--model", str(mt_dir), *GREEDY, "--batch-size", "3"]
