@@ -24,7 +24,6 @@ import functools
 import os
 import platform
 from dataclasses import dataclass
-from datetime import date
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -179,45 +178,53 @@ def keep_freed_memory(threshold: int = 256 * 2**20) -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, 2 * threshold))
 
 
-def inductor_cache_per_capability() -> str | None:
-    """Where ``ATEN_CPU_CAPABILITY`` forces a kernel class (e.g. ``avx2`` on an AVX-512 CPU, as
-    the benchmarks do), keep inductor's on-disk cache apart for it: inductor's cache does not key
-    its compiled graphs on that variable, and a graph compiled under ``avx2`` and reloaded by a
-    process without it corrupted the heap here (``malloc(): unaligned tcache chunk detected``,
-    torch 2.13; a fresh cache compiled the same graph cleanly). A cache directory the user chose
-    (``TORCHINDUCTOR_CACHE_DIR`` other than inductor's default) is left as it is. Called before
-    each of attnkit's compiles (the decoding step, ``train.compile``). Returns the directory set,
-    or None."""
-    capability = os.environ.get("ATEN_CPU_CAPABILITY")
-    if not capability:
-        return None
+COMPILE_CACHE_ENV = "ATTNKIT_COMPILE_CACHE"
+_set_here: set[str] = set()  # the cache directories this process chose for inductor
+
+
+def compile_cache() -> str | None:
+    """Point inductor's on-disk cache (its compiled graphs, kernels and autotuning choices) at
+    attnkit's cache on this machine, so that a step compiled once loads in later processes:
+    ``$ATTNKIT_COMPILE_CACHE`` (default ``~/.cache/attnkit/compile``), one directory per torch
+    version, CPU (its model name and the flags that decide kernels) and forced
+    ``ATEN_CPU_CAPABILITY``. Keyed by the CPU because inductor's own key does not hold every
+    part of it: a graph compiled under ``ATEN_CPU_CAPABILITY=avx2`` and reloaded by a process
+    without it corrupted the heap here (``malloc(): unaligned tcache chunk detected``, torch
+    2.13; a fresh cache compiled the same graph cleanly). A directory the user chose
+    (``TORCHINDUCTOR_CACHE_DIR``, other than inductor's default) stands; one that cannot be
+    written gives way to a temporary one for this process, with one line in the log. Called
+    before each of attnkit's compiles (the decoding step, ``train.compile``); returns the
+    directory set, or None."""
+    import hashlib
+    import tempfile
+
+    import torch
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    default = os.path.abspath(default_cache_dir())
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default) not in (default, f"{default}-{capability}"):
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current not in (None, os.path.abspath(default_cache_dir()), *_set_here):
         return None
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}-{capability}"
-    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "")
+    cpu = f"{_cpu_model()}|{','.join(sorted(cpu_flags() & _FLAGS_THAT_MATTER))}|{capability}"
+    root = os.environ.get(COMPILE_CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "attnkit", "compile")
+    name = f"torch-{torch.__version__}-{capability or 'native'}-{hashlib.sha256(cpu.encode()).hexdigest()[:12]}"
+    path = os.path.join(root, name)
+    if current == path:
+        return path
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as error:
+        if current in _set_here:  # a temporary one already stands in for it
+            return current
+        path = tempfile.mkdtemp(prefix="attnkit-compile-")
+        import logging
 
-
-def machine() -> dict[str, object]:
-    """Date, CPU model, class and flags that matter, core count, torch's thread count, version
-    and kernel capability, and the GPU if any."""
-    import torch
-
-    cpu = cpu_class()
-    about: dict[str, object] = {
-        "date": date.today().isoformat(),
-        "platform": platform.platform(),
-        "processor": _cpu_model(),
-        "cpu_class": cpu.name,
-        "cpu_class_detected": cpu.detected,
-        "cpu_flags": sorted(cpu_flags() & _FLAGS_THAT_MATTER),
-        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cores": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-    }
-    if torch.cuda.is_available():
-        about["gpu"] = torch.cuda.get_device_name()
-    return about
+        logging.getLogger("attnkit").warning(
+            "the compile cache %s cannot be written (%s); compiling in %s for this process only: set %s to a "
+            "writable directory to keep compiled steps between runs",
+            root, error.strerror or error, path, COMPILE_CACHE_ENV,
+        )  # fmt: skip
+    _set_here.add(path)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    return path

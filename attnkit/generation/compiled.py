@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit.machine import inductor_cache_per_capability
+from attnkit.machine import compile_cache
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ MODE = "max-autotune-no-cudagraphs"
 # checks and passes all of them at every step, SmolLM2's 934 tensors in blocks costing it 10-13
 # ms a token against 8.3-8.9 frozen. Freezing was once blamed for a corrupted heap that came
 # from inductor's cache shared between processes of different ``ATEN_CPU_CAPABILITY``
-# (:func:`attnkit.machine.inductor_cache_per_capability`). The autotuner writes a table of every
+# (:func:`attnkit.machine.compile_cache`). The autotuner writes a table of every
 # kernel it timed to stderr: not a user's business.
 PATCHES = {"freezing": True, "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 SMALLEST = 64  # the smallest cache capacity
@@ -185,7 +185,7 @@ def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
     key = (id(model), fn, weight.dtype, weight.device, tuple(_shape(a) for a in args))
     if key in _seen:
         return compiled(*args)
-    inductor_cache_per_capability()
+    compile_cache()
     start = time.perf_counter()
     # Every model's step is one function to dynamo, whose graphs it counts together: beyond
     # recompile_limit (8) it would run the step eagerly, unannounced.

@@ -33,7 +33,7 @@ from torch import nn
 
 from attnkit.config import RunConfig
 from attnkit.data.batching import StepIterator
-from attnkit.machine import inductor_cache_per_capability
+from attnkit.machine import compile_cache
 from attnkit.objectives.base import IGNORE_INDEX, LossOutput, Objective
 from attnkit.progress import ProgressReport
 from attnkit.training import distributed
@@ -203,7 +203,7 @@ class Trainer:
             if untrained and world.is_main:
                 log.info("not reached by the %s loss, so frozen under DDP: %s", objective.name, ", ".join(untrained))
         if run.train.compile:
-            inductor_cache_per_capability()
+            compile_cache()
             model.compile()  # in place: parameter names, checkpoints and the optimiser are unchanged
         self.model = distributed.wrap(model, world, run.train.distributed)
         self.optimizer = make_optimizer(self.model, run)

@@ -39,7 +39,7 @@ from attnkit import kernels
 from attnkit.generation import compiled
 from attnkit.generation.continuous import ContinuousBatch, Request
 from attnkit.generation.incremental import IncrementalModel
-from attnkit.machine import inductor_cache_per_capability
+from attnkit.machine import compile_cache
 
 pytestmark = pytest.mark.slow  # every test compiles (a few seconds each)
 
@@ -290,22 +290,73 @@ def test_a_loaded_model_of_blocks_is_packed_at_the_load_not_by_its_first_forward
         assert compiled._fingerprint(model) == loaded
 
 
-def test_a_forced_cpu_capability_compiles_into_its_own_inductor_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compiled_steps_are_cached_per_torch_version_and_cpu_and_the_users_choice_stands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A graph compiled under ATEN_CPU_CAPABILITY=avx2 and reloaded without it from inductor's
-    # shared cache corrupted the heap (attnkit.machine.inductor_cache_per_capability).
+    # shared cache corrupted the heap (attnkit.machine.compile_cache).
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    default = os.path.abspath(default_cache_dir())
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("ATTNKIT_COMPILE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))  # inductor's own default
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-    assert inductor_cache_per_capability() is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    native = compile_cache()
+    assert native == os.environ["TORCHINDUCTOR_CACHE_DIR"] and Path(native).is_dir()
+    assert Path(native).name.startswith(f"torch-{torch.__version__}-native-") and native == compile_cache()
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    assert inductor_cache_per_capability() == f"{default}-avx2" == os.environ["TORCHINDUCTOR_CACHE_DIR"]
-    assert inductor_cache_per_capability() == f"{default}-avx2"  # again: the same
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default)  # inductor's own default, as it writes it back
-    assert inductor_cache_per_capability() == f"{default}-avx2"
+    forced = compile_cache()
+    assert forced != native and Path(forced).name.startswith(f"torch-{torch.__version__}-avx2-")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/chosen")  # the user's choice stands
-    assert inductor_cache_per_capability() is None and os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/chosen"
+    assert compile_cache() is None and os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/chosen"
+
+
+def test_an_unwritable_compile_cache_gives_way_to_a_temporary_one_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.setenv("ATTNKIT_COMPILE_CACHE", str(tmp_path / "file"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    with caplog.at_level("WARNING", logger="attnkit"):
+        path = compile_cache()
+    assert Path(path).is_dir() and not Path(path).is_relative_to(tmp_path)
+    assert len(caplog.records) == 1 and "cannot be written" in caplog.text and "ATTNKIT_COMPILE_CACHE" in caplog.text
+
+
+SECOND_PROCESS = """
+import sys, torch
+from torch._dynamo.utils import counters
+import attnkit
+from attnkit.generation import compiled
+from attnkit.models.weights import to_format
+compiled.MODE = "default"
+torch.manual_seed(int(sys.argv[1]))
+model = to_format(attnkit.build_model("gpt-tiny"), "int8")
+ids = torch.tensor([[3, 4, 5, 6]])
+same = torch.equal(model.generate(ids, max_new_tokens=8, compile=True), model.generate(ids, max_new_tokens=8))
+print(same, counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
+"""
+
+
+@pytest.mark.skipif(not kernels.available(), reason="the int8 step (whose graph inductor caches) needs the C kernel")
+def test_a_second_process_loads_the_compiled_step_and_other_weights_decode_their_own(tmp_path: Path) -> None:
+    """Another process compiles nothing: inductor's graph comes from the cache; a model of other
+    weights reuses the graph (the weights are read from the model, not baked in) and decodes
+    its own tokens."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ATTNKIT_COMPILE_CACHE": str(tmp_path / "cache")}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+
+    def run(seed: int) -> list[str]:
+        done = subprocess.run([sys.executable, "-c", SECOND_PROCESS, str(seed)], env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split()
+
+    assert run(0) == ["True", "0", "1"]  # compiled, and cached
+    assert run(0) == ["True", "1", "0"]  # loaded: nothing compiled
+    assert run(1) == ["True", "1", "0"]  # other weights: the same graph, their own tokens
 
 
 def test_compile_refusals() -> None:

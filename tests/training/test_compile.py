@@ -34,10 +34,10 @@ def test_compiled_training_matches_eager(tmp_path: Path, corpus: Path) -> None:
 def test_compiled_training_keeps_inductors_cache_apart_per_forced_capability(
     tmp_path: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Before the model compiles, as the decoding step does (attnkit.machine.inductor_cache_per_capability);
+    # Before the model compiles, as the decoding step does (attnkit.machine.compile_cache);
     # the compile itself is recorded, not run (test_compiled_training_matches_eager runs it).
     calls: list[str] = []
-    monkeypatch.setattr(trainer, "inductor_cache_per_capability", lambda: calls.append("cache"))
+    monkeypatch.setattr(trainer, "compile_cache", lambda: calls.append("cache"))
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: calls.append("compile"))
     run = tiny_run(corpus, **{"train.max_steps": "1", "train.compile": "true"})
     train(run, tmp_path / "run", progress_bar=False)
