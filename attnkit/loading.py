@@ -46,10 +46,10 @@ def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
 
 def load_auto(path: str | Path, job: Job | None = None) -> tuple[Model, Choice]:
     """The model at ``path`` in the format :func:`attnkit.models.auto.choose` picks for ``job``
-    (None: "translate" for an encoder–decoder, else "decode"; a GGUF file keeps its own
-    blocks), and the choice."""
-    path = Path(path)
-    model = _load(path, keep_blocks=path.suffix == ".gguf" and path.is_file())
+    (None: "translate" for an encoder–decoder, else "decode"), and the choice. A GGUF file is
+    read as fp32 and chosen for like any model: its own 4-bit blocks are what made SmolLM2's
+    chat answer wrong (:mod:`attnkit.models.auto`)."""
+    model = _load(Path(path))
     return choose(model, job or ("translate" if model.config.is_encoder_decoder else "decode"))
 
 

@@ -42,15 +42,15 @@ def loss_ratio(path: Path, weights: str) -> float:
 
 
 @needs_blocks
-def test_decoding_takes_int4_on_every_class_that_runs_the_blocks(tmp_path: Path, monkeypatch) -> None:
+def test_decoding_takes_int8_on_every_class_that_runs_the_blocks(tmp_path: Path, monkeypatch) -> None:
     path = saved("gpt-tiny", tmp_path / "gpt")
     for name in ("avx2", detected_cpu_class()):
         monkeypatch.setenv("ATTNKIT_CPU_CLASS", name)
         model, choice = load_auto(path)
-        assert choice.weights == "int4" == model.weights
-        ratio = loss_ratio(path, "int4")
-        assert ratio <= auto.BOUNDS["int4"] and f"{ratio:.4f}x fp32's" in choice.reason, choice.reason
-        reference = attnkit.from_pretrained(path, weights="int4")
+        assert choice.weights == "int8" == model.weights
+        ratio = loss_ratio(path, "int8")
+        assert ratio <= auto.BOUNDS["int8"] and f"{ratio:.4f}x fp32's" in choice.reason, choice.reason
+        reference = attnkit.from_pretrained(path, weights="int8")
         ids = torch.tensor([[3, 4, 5]])
         assert torch.equal(model.generate(ids, max_new_tokens=5), reference.generate(ids, max_new_tokens=5))
 
