@@ -24,6 +24,7 @@ import functools
 import os
 import platform
 from dataclasses import dataclass
+from datetime import date
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -228,3 +229,26 @@ def compile_cache() -> str | None:
     _set_here.add(path)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
     return path
+
+
+def machine() -> dict[str, object]:
+    """Date, CPU model, class and flags that matter, core count, torch's thread count, version
+    and kernel capability, and the GPU if any."""
+    import torch
+
+    cpu = cpu_class()
+    about: dict[str, object] = {
+        "date": date.today().isoformat(),
+        "platform": platform.platform(),
+        "processor": _cpu_model(),
+        "cpu_class": cpu.name,
+        "cpu_class_detected": cpu.detected,
+        "cpu_flags": sorted(cpu_flags() & _FLAGS_THAT_MATTER),
+        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    if torch.cuda.is_available():
+        about["gpu"] = torch.cuda.get_device_name()
+    return about

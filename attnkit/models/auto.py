@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.machine import cpu_class
-from attnkit.models.core import Model
+from attnkit.models.core import EncoderOnlyModel, Model
 from attnkit.models.weights import runs_fast, to_format
 
 log = logging.getLogger("attnkit")
@@ -104,6 +104,8 @@ def choose(model: Model, job: Job) -> tuple[Model, Choice]:
     kept = getattr(model, "weights", "fp32")
     if kept != "fp32":
         return model, Choice(kept, f"the model is saved in {kept}; it runs as it is")
+    if isinstance(model, EncoderOnlyModel):  # BERT: no next-token perplexity to check, no decoding to speed up
+        return model, Choice("fp32", "an encoder-only model has no next-token check to pass; it runs as trained")
     model.eval()
     device = next(model.parameters()).device
     where = f"this {cpu_class().describe()} CPU" if device.type == "cpu" else device.type

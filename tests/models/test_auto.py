@@ -95,3 +95,8 @@ def test_from_pretrained_takes_auto_and_an_unknown_format_is_refused(tmp_path: P
     assert getattr(attnkit.from_pretrained(path, weights="auto"), "weights", "fp32") == chosen
     with pytest.raises(ValueError, match="'int3' is not a weight format; use one of auto, fp32"):
         attnkit.from_pretrained(path, weights="int3")
+
+
+def test_an_encoder_only_model_runs_as_trained(tmp_path: Path) -> None:
+    model, choice = load_auto(saved("bert-tiny", tmp_path / "bert"))
+    assert choice.weights == "fp32" and "encoder-only" in choice.reason and getattr(model, "weights", "fp32") == "fp32"

@@ -94,10 +94,13 @@ def t5(tokenizer: Tokenizer, verses: list[tuple[str, str]]) -> Model:
 def serving() -> Callable:
     """``attnkit serve`` as a real process on a free port (:func:`attnkit.serve.server.spawn`),
     decoding eagerly unless the flags say ``--compile``: every batch layout of a compiled server
-    compiles at its first step, which these tests are not about."""
+    compiles at its first step, which these tests are not about. fp32 unless the flags say
+    ``--weights``: the tests compare what the server answers with the library's fp32 model
+    (``--weights auto``, the command's default, is tested in tests/models/test_auto.py)."""
     return lambda directory, *flags: spawn(
         directory,
         *flags,
+        *([] if "--weights" in flags else ["--weights", "fp32"]),
         *([] if "--compile" in flags else ["--no-compile"]),
         threads=1,
         timeout=300 if "--compile" in flags else 90,  # a compiled server compiles before it listens

@@ -35,7 +35,8 @@ def smollm2(smollm2_gguf: Path) -> Model:
 
 @pytest.fixture(scope="module")
 def chat_server(smollm2_gguf: Path) -> Iterator[str]:
-    with spawn(smollm2_gguf, "--name", "smollm2", "--no-compile", threads=1) as (url, _, _):
+    # fp32, as the library's model it is compared with (the command's default, auto, would be int8)
+    with spawn(smollm2_gguf, "--name", "smollm2", "--no-compile", "--weights", "fp32", threads=1) as (url, _, _):
         yield url
 
 
@@ -111,7 +112,7 @@ def test_langchain_chats(chat_server: str, client: openai.OpenAI) -> None:
 
 @pytest.fixture(scope="module")
 def minilm(minilm_dir: Path) -> Iterator[tuple[Model, str]]:
-    with spawn(minilm_dir, "--name", "minilm", threads=1) as (url, _, _):
+    with spawn(minilm_dir, "--name", "minilm", "--weights", "fp32", threads=1) as (url, _, _):
         yield attnkit.from_pretrained(minilm_dir), url
 
 
