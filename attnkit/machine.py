@@ -21,6 +21,7 @@ MKL_ENABLE_INSTRUCTIONS=AVX2`` before starting Python.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import platform
 from dataclasses import dataclass
@@ -219,8 +220,6 @@ def compile_cache() -> str | None:
         if current in _set_here:  # a temporary one already stands in for it
             return current
         path = tempfile.mkdtemp(prefix="attnkit-compile-")
-        import logging
-
         logging.getLogger("attnkit").warning(
             "the compile cache %s cannot be written (%s); compiling in %s for this process only: set %s to a "
             "writable directory to keep compiled steps between runs",

@@ -86,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = tokenizer_of(model, args.model, ids_hint=False)
     eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
     pad = cfg.pad_token_id if args.pad_id is None else args.pad_id
-    total = count_input_lines(args) if args.input is not None and not args.text else None
+    total = count_input_lines(args) if args.input is not None and not args.text else 0
     texts, stream = input_lines(args, args.text), streamed(args, args.text)
     batches = args.batch_size, args.seed, args.source_length_offset, stream, eos, pad
-    progress = ProgressReport(total or 0, "translate", unit="line", enabled=(total or 0) >= PROGRESS_LINES)
+    progress = ProgressReport(total, "translate", unit="line", enabled=total >= PROGRESS_LINES)
     for lines in translate_lines(model, tokenizer, texts, options, *batches):
         emit(lines)
         progress.update(progress.n + len(lines))

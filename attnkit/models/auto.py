@@ -25,7 +25,6 @@ by whoever quantised it.
 from __future__ import annotations
 
 import copy
-import logging
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -37,8 +36,6 @@ from torch import Tensor
 from attnkit.machine import cpu_class
 from attnkit.models.core import EncoderOnlyModel, Model
 from attnkit.models.weights import runs_fast, to_format
-
-log = logging.getLogger("attnkit")
 
 Job = Literal["decode", "translate"]
 ORDER: dict[str, tuple[str, ...]] = {
@@ -113,9 +110,7 @@ def choose(model: Model, job: Job) -> tuple[Model, Choice]:
     target = model.generate(ids, max_new_tokens=32, eos_token_id=None) if model.config.is_encoder_decoder else None
     reference = perplexity(model, ids, target)
     failed = []
-    for weights in candidates(job, device):
-        if weights == "fp32":
-            break
+    for weights in candidates(job, device)[:-1]:  # the last is fp32, the model as it is
         converted = to_format(copy.deepcopy(model), weights)
         ratio = perplexity(converted, ids, target) / reference
         if ratio <= BOUNDS[weights]:
