@@ -15,7 +15,8 @@ A CPU class names what a CPU computes natively, from the flags in ``/proc/cpuinf
 the CPU's — ``avx2`` on an AVX512-BF16 machine takes every fp32 path — so those paths are
 tested on any machine. It changes attnkit's choices, not PyTorch's kernels: to approximate an
 AVX2 CPU's kernels too, also set ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-MKL_ENABLE_INSTRUCTIONS=AVX2`` before starting Python.
+MKL_ENABLE_INSTRUCTIONS=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2`` before starting Python (the last
+for the int8 GEMM of many rows, :mod:`attnkit.kernels.gemm`).
 """
 
 from __future__ import annotations

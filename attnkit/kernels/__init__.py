@@ -15,10 +15,14 @@ instructions, ``smull`` and pairwise adds where it has not; tested under ``qemu-
 FFN's gate and up) in one call: at batch 1 a small product costs more in its call than in its
 arithmetic. The blocks also come packed (:func:`pack`: eight rows interleaved, as llama.cpp's
 REPACK holds them; :func:`split`: the packed groups and the rows after them, the weight held
-once), which the kernel reads faster than fp32 ``F.linear`` at every row count measured (4-bit
-2-4x; q8_0 1.1-4.5x, from 1 to 512 rows). Blocks that are not packed, from ``DENSE_ROWS``
-activation rows on (a batch, beams, a prompt), are dequantised and multiplied dense in fp32
-instead, where their integer products lose to fp32.
+once), which the kernel read faster than fp32 ``F.linear`` at every row count measured on an AMD
+EPYC (4-bit 2-4x; q8_0 1.1-4.5x, from 1 to 512 rows) but not on an Intel Xeon with AMX, where
+q8_0 lost to fp32 from 8 rows on (3.1 against 1.1 ms at 128 rows of a (2048, 512) weight): each
+row's dot products are done alone. So on x86-64 a layer of blocks meets 8 rows or more
+(``gemm.MANY_ROWS``: a batch, its beams, a prompt) in PyTorch's int8 GEMM instead
+(:mod:`attnkit.kernels.gemm`, 0.33 ms there). Here, blocks that are not packed, from
+``DENSE_ROWS`` activation rows on, are dequantised and multiplied dense in fp32, where their
+integer products lose to fp32.
 
 The kernel is plain C, no torch headers, built with the system's C compiler (``$CC``, else
 ``cc``: the compiler inductor needs too) in about a second and loaded with ``ctypes``. The op

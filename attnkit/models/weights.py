@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from attnkit import kernels
 from attnkit.machine import native_bf16
 from attnkit.models.core import LMHead, Model
-from attnkit.nn.quantized import LAYOUTS, ROWS, Quantized, layouts, quantized, shell
+from attnkit.nn.quantized import LAYOUTS, ROWS, Quantized, layouts, products, quantized, shell
 
 log = logging.getLogger("attnkit")
 
@@ -62,8 +62,7 @@ class QuantizedLMHead(LMHead):
     def forward(self, h: Tensor, embedding: Tensor) -> Tensor:
         if self.transform is not None:
             h = self.transform(h)
-        logits = self.proj(h * self.scale)  # (B, T, vocab)
-        return logits if self.bias is None else logits + self.bias
+        return products(h * self.scale, (self.proj,), self.bias)[0]  # (B, T, vocab)
 
 
 def quantized_shell(model: Model, found: dict[str, str]) -> Model:

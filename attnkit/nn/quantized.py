@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit import kernels
-from attnkit.kernels import BLOCK
+from attnkit.kernels import BLOCK, gemm
 
 ROWS = "int8-rows"  # the layout of int8 where bf16 is native; the others are kernels.FORMATS
 LAYOUTS = (ROWS, *kernels.FORMATS)
@@ -126,6 +126,7 @@ class BlockLinear(Quantized):
         self.register_buffer("block_mins", mins)
         self.register_buffer("packed", None, persistent=False)
         self._packed_from: tuple[int, ...] | None = None  # the blocks' versions when they were split
+        self._gemm: tuple[tuple, torch.ScriptObject] | None = None  # ((engine, extra bias), weights): many rows
 
     @classmethod
     def of(cls, weight: Tensor, layout: str, bias: Tensor | None = None) -> BlockLinear:
@@ -139,7 +140,7 @@ class BlockLinear(Quantized):
     _NAMES = ("blocks", "block_scales", "block_mins")
 
     def _versions(self) -> tuple[int, ...]:
-        return tuple(t._version for t in (self.blocks, self.block_scales, self.block_mins) if t is not None)
+        return tuple(t._version for t in (self.blocks, self.block_scales, self.block_mins, self.bias) if t is not None)
 
     def whole(self) -> tuple[Tensor, Tensor, Tensor | None]:
         """All the blocks ``(data, d, m)``: the buffers, or new tensors where they are split."""
@@ -150,7 +151,9 @@ class BlockLinear(Quantized):
         return _padded(self.in_features)
 
     def unsplit(self) -> None:
-        """Hold all the blocks as blocks again, none packed (split again at the next product)."""
+        """Hold all the blocks as blocks again, none packed (split again at the next product); the
+        many-row GEMM's weights are dropped too (made again at its next product)."""
+        self._gemm = None
         if self.packed is not None:
             self.blocks, self.block_scales, self.block_mins = self.whole()
             self.packed, self._packed_from = None, None
@@ -175,6 +178,20 @@ class BlockLinear(Quantized):
         if not torch.compiler.is_compiling():
             self.refresh()
         return self.blocks, self.block_scales, self.block_mins, self.packed
+
+    def many_rows(self, x: Tensor, engine: str, bias: Tensor | None = None) -> Tensor:
+        """``x`` (m, k padded) fp32 of :data:`gemm.MANY_ROWS` rows or more times the weights through
+        the int8 GEMM of ``engine`` (:mod:`attnkit.kernels.gemm`), plus the layer's bias and
+        ``bias`` (a vocabulary projection's, in the GEMM's own pass): (m, out). Its int8 weights per
+        output row are made from the blocks at the first such product (held beside them, as many
+        bytes again as Q8_0's) and again after the blocks or a bias change."""
+        self.refresh()
+        key = engine, None if bias is None else (id(bias), bias._version)
+        if self._gemm is None or self._gemm[0] != key:
+            q, scales = quantize_rows(kernels.dequantize(self.layout, *self.whole()))
+            added = [b.float() for b in (self.bias, bias) if b is not None]
+            self._gemm = key, gemm.pack(q, scales, sum(added) if added else None, engine)
+        return gemm.matmul(x, self._gemm[1], engine)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):  # nn.Module's signature
         """All the blocks, as an unsplit layer holds them."""
@@ -202,18 +219,29 @@ class BlockLinear(Quantized):
         return products(x, (self,))[0]
 
 
-def products(x: Tensor, layers: Sequence[nn.Module]) -> list[Tensor]:
+def products(x: Tensor, layers: Sequence[nn.Module], bias: Tensor | None = None) -> list[Tensor]:
     """Each of ``layers`` applied to one input ``x`` (attention's w_q, w_k, w_v; a gated FFN's w_1,
-    w_3). Where all are :class:`BlockLinear` of one layout, one kernel call computes them all
+    w_3); ``bias``, with one layer only, added to its output (a vocabulary projection's). Where all
+    are :class:`BlockLinear` of one layout: from :data:`gemm.MANY_ROWS` rows of ``x`` on, each
+    through the int8 GEMM (:meth:`BlockLinear.many_rows`, eager only: ``torch.compile`` cannot
+    trace its packed weights); else one kernel call computes them all
     (:func:`attnkit.kernels.block_matmuls`): at batch 1 a product of a small matrix costs more in
     its call than in its arithmetic. Any other layers are called one by one."""
+    if bias is not None and len(layers) != 1:
+        raise ValueError(f"a bias is added to one layer's output, not to {len(layers)} layers'")
     first = layers[0]
     if not all(type(layer) is BlockLinear and layer.layout == first.layout for layer in layers):
-        return [layer(x) for layer in layers]
+        return [layer(x) if bias is None else layer(x) + bias for layer in layers]
+    flat = first._inputs(x).float()
+    many = len(flat) >= gemm.MANY_ROWS and flat.device.type == "cpu" and not torch.compiler.is_compiling()
+    engine = gemm.engine() if many else None
+    if engine is not None:
+        return [layer.many_rows(flat, engine, bias).to(x.dtype).reshape(*x.shape[:-1], -1) for layer in layers]
     weights = [layer.weights() for layer in layers]
-    out = kernels.block_matmuls(first._inputs(x).float(), first.layout, weights).to(x.dtype)
+    out = kernels.block_matmuls(flat, first.layout, weights).to(x.dtype)
     parts = out.split([layer.out_features for layer in layers], dim=-1)  # (N, Σ n_i) -> (N, n_i) each
-    return [layer._finish(part, x) for layer, part in zip(layers, parts, strict=True)]
+    outs = [layer._finish(part, x) for layer, part in zip(layers, parts, strict=True)]
+    return outs if bias is None else [outs[0] + bias]
 
 
 def repack_changed(model: nn.Module) -> None:

@@ -17,6 +17,7 @@ from torch.testing import assert_close
 
 import attnkit
 from attnkit import kernels
+from attnkit.kernels import gemm
 from attnkit.models import build_model, weights
 from attnkit.models.io import CONFIG, WEIGHTS, read_safetensors, write_directory
 from attnkit.models.weights import to_format
@@ -60,7 +61,9 @@ def test_int8_rows_unpack_within_one_quantisation_step() -> None:
 
 
 @pytest.mark.parametrize("layout", ["int8-rows", "int8-rows-bf16", *kernels.FORMATS])
-def test_a_quantised_layer_equals_the_dequantised_product(layout: str) -> None:
+def test_a_quantised_layer_equals_the_dequantised_product(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """21 rows through the block kernel (the many-row GEMM off: tests/kernels/test_gemm.py)."""
+    monkeypatch.setenv(gemm.GEMM_ENV, "off")
     torch.manual_seed(0)
     linear = torch.nn.Linear(50, 40)  # 50 inputs: padded to 64 for the blocks of 32
     dtype = torch.bfloat16 if layout.endswith("-bf16") else torch.float32
