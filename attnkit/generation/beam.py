@@ -23,6 +23,31 @@ from attnkit.generation.ngrams import Constraint
 NEG_INF = float("-inf")
 
 
+TOP_CHUNK = 64  # the columns :func:`top` takes the maximum of at a time
+
+
+def top(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """``x.topk(n, dim=1)`` of a wide ``x`` (rows, width), best first: the values and their columns.
+
+    torch's top-k sorts its way through every column: at (32, 128,000), a batch of 32 sentences'
+    4 beams x 32,000 words, it took 4.5 ms a step here. The n best of a row lie in the n chunks of
+    ``TOP_CHUNK`` columns whose maxima are largest (a value in any other chunk has n chunks'
+    maxima, n other values, at least as large), so the maxima, one pass, pick n chunks, and the top
+    n of their n x 64 values are the row's: 0.65 ms."""
+    rows, width = x.shape
+    if n * TOP_CHUNK >= width:
+        return x.topk(n, dim=1)
+    whole = width - width % TOP_CHUNK
+    maxima = x[:, :whole].view(rows, -1, TOP_CHUNK).amax(-1)  # (rows, width // 64)
+    if whole < width:  # the last, shorter chunk
+        maxima = torch.cat([maxima, x[:, whole:].amax(-1, keepdim=True)], dim=1)
+    chunks = maxima.topk(n, dim=1).indices  # (rows, n)
+    columns = (chunks[:, :, None] * TOP_CHUNK + torch.arange(TOP_CHUNK, device=x.device)).view(rows, -1)
+    values = x.gather(1, columns.clamp(max=width - 1)).masked_fill_(columns >= width, NEG_INF)  # (rows, n·64)
+    best, at = values.topk(n, dim=1)
+    return best, columns.gather(1, at)
+
+
 def length_penalty_factor(length: int, alpha: float, style: str) -> float:
     """The divisor of a finished hypothesis's log-probability, for ``length`` = |Y| = new
     tokens, EOS included (the prompt or start token not counted, as in transformers).
@@ -143,22 +168,24 @@ def beam_search(
     last = torch.full((B,), T, dtype=torch.long, device=device)  # (B',): each example's cap on |Y|
     if budget is not None:
         last = last.minimum(budget.to(device=device, dtype=torch.long).view(B))
-    # Two (N, V) float32 buffers reused by every step: a fresh one costs more than the softmax
-    # (measured here, 128 x 32k: page faults on 16 MB took up to 11 ms, the softmax 1 ms).
-    wide, log_p_buffer = torch.empty(rows, V, device=device), torch.empty(rows, V, device=device)
+    # (N, V) float32 buffers reused by every step: a fresh one costs more than the softmax
+    # (measured here, 128 x 32k: page faults on 16 MB took up to 11 ms, the softmax 1 ms); logits
+    # of another dtype are widened into one of them first.
+    log_p_buffer = torch.empty(rows, V, device=device)
+    wide = torch.empty(rows, V, device=device) if logits.dtype != torch.float32 else None
     for t in range(T):  # 3: for t = 1 .. T_max
         B = examples.shape[0]
         length = t + 1  # |Y| of every candidate of this step
         divisor = length_penalty_factor(length, length_penalty, length_penalty_style)  # lp(|Y|)
         # 6: p <- softmax(...), as log-probabilities added to each prefix's (beams x vocabulary)
-        widened = wide[: B * k].copy_(logits)  # (B·k, V) in float32, whatever the model's dtype
+        widened = logits if wide is None else wide[: B * k].copy_(logits)  # (B·k, V) in float32
         log_p = torch.log_softmax(widened, dim=-1, out=log_p_buffer[: B * k])  # (B·k, V)
         if constraint is not None:
             read = torch.cat([model.prompt, beams.tokens[:, :, :t].reshape(B * k, t)], dim=1)  # (B·k, L)
             log_p = constraint(log_p, read, (last <= length).repeat_interleave(k))
         total = log_p.view(B, k, V).add_(beams.scores[:, :, None]).view(B, k * V)  # (B, k·V), in place
         # 7: the argmax becomes a top-2k, over all k·V extensions of an example at once
-        cand_scores, flat = total.topk(n_candidates, dim=1)  # (B, 2k), best first
+        cand_scores, flat = top(total, n_candidates)  # (B, 2k), best first
         cand_beams = torch.div(flat, V, rounding_mode="floor")  # (B, 2k): which prefix it extends
         cand_tokens = flat - cand_beams * V  # (B, 2k): with which token
 

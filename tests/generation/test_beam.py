@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.testing import assert_close
 
 import attnkit
 from attnkit.generation import IncrementalModel, generate
-from attnkit.generation.beam import beam_search, length_penalty_factor
+from attnkit.generation.beam import beam_search, length_penalty_factor, top
 from attnkit.generation.greedy import decode_one_path
 
 
@@ -332,3 +333,20 @@ def test_matches_transformers_beam_search(tmp_path: Path, family: str, seed: int
         assert got.tolist() == expected.tolist(), (mask.tolist(), k, alpha, early_stopping)
         ended += int((got[:, prompt:] == eos).any(-1).sum())
     assert ended > 0, "no hypothesis ended with EOS: the comparison would not exercise it"
+
+
+@pytest.mark.parametrize(
+    ("rows", "width", "n"), [(3, 128_000, 8), (5, 32_003, 8), (2, 640, 10), (4, 100, 8), (1, 65, 2)]
+)
+def test_top_equals_torch_topk(rows: int, width: int, n: int) -> None:
+    """The chunked top-n of the beam's candidates equals torch's top-k: the same values in the same
+    order at the same columns (distinct values: a permutation), with -inf columns and a last,
+    shorter chunk."""
+    g = torch.Generator().manual_seed(width)
+    x = torch.stack([torch.randperm(width, generator=g).float() for _ in range(rows)]) / width - 0.5
+    x[:, ::7] = float("-inf")
+    x[0, -1] = 2.0  # the best of row 0 in the last chunk, shorter where width is not a multiple of 64
+    values, columns = top(x, n)
+    expected_values, expected_columns = x.topk(n, dim=1)
+    assert_close(values, expected_values, rtol=0, atol=0)
+    assert torch.equal(columns, expected_columns)
