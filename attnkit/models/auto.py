@@ -10,9 +10,11 @@ both CPU classes; docs/performance.md):
   user: on SmolLM2 it passed the check (0.987x fp32's perplexity) and still answered "What is the
   capital of France?" with a French phrase repeated to the end, where int8 and fp32 answer
   "Paris" (docs/performance.md); it stays one flag away, ``--weights int4``;
-* ``"translate"``, batches of beams: the products are many rows deep and the dense kernels win:
-  bf16 where native (893 target tok/s on the Marian-shaped case), then fp32 (474; int4 366 and
-  int8 274 there, and on the AVX2 path int4 366 against fp32's 361, a tie not worth 4 bits).
+* ``"translate"``, batches of beams: the products are many rows deep, where int8 meets PyTorch's
+  int8 GEMM (:mod:`attnkit.kernels.gemm`): on the Marian-shaped case (batch 32, beam 4;
+  results/decoding-*-2026-12-05) int8 1.15x CTranslate2 int8 on both classes (AVX2 forced),
+  bf16 where native 1.14x, fp32 0.58x (0.90x on the AVX2 path); int4 meets the same GEMM, so
+  it is no faster there and not chosen.
 
 The check: the perplexity of a fixed English text (:data:`CHECK_TEXT`, through the model's own
 tokenizer) under the candidate, against fp32's (an encoder–decoder reads the text as its source
@@ -40,7 +42,7 @@ from attnkit.models.weights import runs_fast, to_format
 Job = Literal["decode", "translate"]
 ORDER: dict[str, tuple[str, ...]] = {
     "decode": ("int8", "bf16", "fp32"),
-    "translate": ("bf16", "fp32"),
+    "translate": ("int8", "bf16", "fp32"),
 }
 BOUNDS = {"bf16": 1.01, "int8": 1.01}  # perplexity, as a multiple of fp32's
 CHECK_TOKENS = 128

@@ -55,11 +55,17 @@ def test_decoding_takes_int8_on_every_class_that_runs_the_blocks(tmp_path: Path,
         assert torch.equal(model.generate(ids, max_new_tokens=5), reference.generate(ids, max_new_tokens=5))
 
 
-def test_translation_takes_bf16_only_where_it_is_native(tmp_path: Path, monkeypatch) -> None:
+@needs_blocks
+def test_translation_takes_int8_then_bf16_only_where_it_is_native(tmp_path: Path, monkeypatch) -> None:
     path = saved("transformer-tiny", tmp_path / "translator")
+    for name in ("avx2", detected_cpu_class()):
+        monkeypatch.setenv("ATTNKIT_CPU_CLASS", name)
+        model, choice = load_auto(path)
+        assert choice.weights == "int8" == model.weights and "the fastest for translate" in choice.reason
+    monkeypatch.setitem(auto.BOUNDS, "int8", 0.5)  # int8 cannot pass: the next format in the order
     monkeypatch.setenv("ATTNKIT_CPU_CLASS", "avx2")
     model, choice = load_auto(path)
-    assert choice.weights == "fp32" and "the fastest for translate on this AVX2" in choice.reason
+    assert choice.weights == "fp32" and choice.reason.startswith("no faster format passed the check")
     assert next(model.parameters()).dtype == torch.float32
     if detected_cpu_class() == "avx512-bf16":
         monkeypatch.delenv("ATTNKIT_CPU_CLASS")
