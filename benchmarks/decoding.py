@@ -35,6 +35,7 @@ import contextlib
 import importlib.util
 import json
 import math
+import os
 import shutil
 import signal
 import statistics
@@ -403,6 +404,37 @@ def _llama_cpp(path: Path, ids: torch.Tensor) -> Iterator[tuple[Callable[[], lis
         llm.close()
 
 
+LLAMA_BENCH_SCRIPT = Path(__file__).parents[1] / "tools" / "llama_bench.sh"
+
+
+def llama_bench_binary() -> Path | str:
+    """The llama-bench that ``make llama-bench`` (tools/llama_bench.sh) built for this CPU, or why
+    there is none."""
+    env = dict(os.environ, LLAMA_BENCH_DRY_RUN="1")
+    done = subprocess.run(["bash", str(LLAMA_BENCH_SCRIPT)], capture_output=True, text=True, env=env)
+    if done.returncode != 0 or not done.stdout.strip():
+        return f"tools/llama_bench.sh failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}"
+    binary = Path(done.stdout.strip().splitlines()[-1])
+    if not binary.exists():
+        return f"llama-bench is not built for this CPU ({binary}): make llama-bench (about 10 minutes on 2 cores)"
+    return binary
+
+
+def llama_bench(binary: Path, path: Path, prompt: int, repeats: int) -> tuple[list[float], dict]:
+    """llama.cpp's own C++ timing of ``path``: seconds per ``NEW`` generated tokens after a prompt
+    of ``prompt`` tokens (its ``-pg``: the prompt's time counted, as in the other rows), once per
+    repeat, on 2 threads, in a process of its own; and its build line."""
+    command = [str(binary), "-m", str(path), "-p", "0", "-n", "0", "-pg", f"{prompt},{NEW}", "-r", str(repeats),
+               "-t", "2", "-o", "json"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
+    (row,) = json.loads(done.stdout)
+    return [(prompt + NEW) / rate for rate in row["samples_ts"]], {
+        "build": f"{row.get('build_commit', '?')} ({row.get('build_number', '?')})",
+        "cpu_info": row.get("cpu_info", ""),
+        "command": " ".join(command[1:]),
+    }
+
+
 def perplexity(model: torch.nn.Module, ids: torch.Tensor, window: int = 256) -> float:
     """The model's perplexity on ``ids`` (1-D), teacher-forced over consecutive windows of
     ``window`` tokens (each predicting its own 255 next tokens)."""
@@ -444,7 +476,9 @@ def smollm2(repeats: int = 5) -> tuple[list[Comparison], dict, dict[str, dict], 
     embedding) batch-1 greedy, 64 new tokens after "The capital of France is": attnkit in each
     format (fp32 and int8/int4 from the dequantised file, ``gguf`` on its own blocks), eager and
     compiled, against ``transformers`` fp32 loading the same file and llama.cpp running it as it
-    is; with each format's floor and quality (:func:`quality`). Returns the rows, the floors (and
+    is, through ``llama-cpp-python``'s Python loop and through its own C++ ``llama-bench`` (where
+    ``make llama-bench`` built it; timed after the round robin, in its own process); with each
+    format's floor and quality (:func:`quality`). Returns the rows, the floors (and
     llama.cpp's build), the quality and what was skipped, saying why."""
     import transformers
 
@@ -479,9 +513,17 @@ def smollm2(repeats: int = 5) -> tuple[list[Comparison], dict, dict[str, dict], 
         else:
             skipped["llama.cpp"] = reason
         times = round_robin(calls, repeats)
+    binary = llama_bench_binary()
+    if isinstance(binary, Path):  # llama.cpp's own loop, after the others: a process of its own
+        times["llama-bench"], floors_bench = llama_bench(binary, path, ids.shape[1], repeats)
+        peers.append("llama-bench")
+    else:
+        skipped["llama-bench"], floors_bench = binary, {}
     scores = quality(models, ids)
     results = _comparisons(f"SmolLM2-135M greedy (1×{ids.shape[1]} + {NEW})", times, NEW, peers)
     floors = _floors(models, times, results, compile_seconds, False, "transformers fp32")
     if llama_cpp:
         floors["llama.cpp"] = llama_cpp | {"ms_per_token": 1000 * statistics.median(times["llama.cpp"]) / NEW}
+    if floors_bench:
+        floors["llama-bench"] = floors_bench | {"ms_per_token": 1000 * statistics.median(times["llama-bench"]) / NEW}
     return results, floors, scores, skipped
