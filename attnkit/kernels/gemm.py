@@ -8,7 +8,8 @@ row's dot products alone: at 128 rows (a batch of 32 sentences, 4 beams each) it
 32,000-word vocabulary projection where this took 1.6 ms (``python -m benchmarks blocks``,
 docs/performance.md). So a layer of blocks meets ``MANY_ROWS`` rows or more here: its weights
 dequantised once and requantised per output row (:func:`pack`, held beside the blocks), the
-activations quantised per product to 8 bits by the engine, one scale for the whole input.
+activations quantised per product to 8 bits by the engine, one scale for the whole input; an
+input too wide for one scale (:data:`MAX_SPREAD`, :func:`suits`) keeps the block kernel.
 
 Two engines of PyTorch's run it (:func:`engine`): oneDNN where the CPU has AMX's int8 tiles
 (4x fbgemm's speed on the vocabulary projection there), fbgemm on every other x86-64 CPU (AVX2's
@@ -34,10 +35,16 @@ from torch import Tensor
 
 from attnkit.machine import cpu_class, cpu_flags
 
-__all__ = ["ENGINES", "GEMM_ENV", "MANY_ROWS", "engine", "matmul", "pack"]
+__all__ = ["ENGINES", "GEMM_ENV", "MANY_ROWS", "MAX_SPREAD", "engine", "matmul", "pack", "suits"]
 
 GEMM_ENV = "ATTNKIT_INT8_GEMM"
 ENGINES = ("onednn", "fbgemm")
+# The largest spread of an input, (max - min) / RMS, that this GEMM takes: one scale for the whole
+# input quantises it finely enough. Measured per product: a trained translator's inputs (the demo's,
+# beam 4) spread 5.6-11 (90%; 34 at most), and within 0.1 BLEU of fp32 through the GEMM; SmolLM2's
+# spread 15-600 (median 32: a few channels carry outliers, as in LLM.int8), and through the GEMM its
+# held-out perplexity rose 1.75x. A wider input keeps the block kernel, per block of 32.
+MAX_SPREAD = 16.0
 # From this many activation rows on, a layer of blocks takes this GEMM: at 8 rows it won over the
 # block kernel on every shape measured (2-3x on both engines, fbgemm with AVX2 forced 1.3-2.6x);
 # at 1 to 4 the block kernel's int16 activations keep fp32's greedy tokens (module
@@ -80,6 +87,12 @@ def pack(q: Tensor, scales: Tensor, bias: Tensor | None, name: str) -> torch.Scr
         zeros = torch.zeros(len(scales), dtype=torch.long)
         weight = torch._make_per_channel_quantized_tensor(q, scales.double(), zeros, 0)
         return torch.ops.quantized.linear_prepack(weight, None if bias is None else bias.float().contiguous())
+
+
+def suits(x: Tensor) -> bool:
+    """Whether ``x`` (m, k) is narrow enough for one scale: (max - min) / RMS <= :data:`MAX_SPREAD`."""
+    low, high = torch.aminmax(x)
+    return bool(high - low <= MAX_SPREAD * x.square().mean().sqrt())
 
 
 def matmul(x: Tensor, packed: torch.ScriptObject, name: str) -> Tensor:

@@ -223,10 +223,10 @@ def products(x: Tensor, layers: Sequence[nn.Module], bias: Tensor | None = None)
     """Each of ``layers`` applied to one input ``x`` (attention's w_q, w_k, w_v; a gated FFN's w_1,
     w_3); ``bias``, with one layer only, added to its output (a vocabulary projection's). Where all
     are :class:`BlockLinear` of one layout: from :data:`gemm.MANY_ROWS` rows of ``x`` on, each
-    through the int8 GEMM (:meth:`BlockLinear.many_rows`, eager only: ``torch.compile`` cannot
-    trace its packed weights); else one kernel call computes them all
-    (:func:`attnkit.kernels.block_matmuls`): at batch 1 a product of a small matrix costs more in
-    its call than in its arithmetic. Any other layers are called one by one."""
+    through the int8 GEMM (:meth:`BlockLinear.many_rows`) where ``x`` is narrow enough for its one
+    scale (:func:`gemm.suits`; eager only: ``torch.compile`` cannot trace its packed weights);
+    else one kernel call computes them all (:func:`attnkit.kernels.block_matmuls`): at batch 1 a
+    product of a small matrix costs more in its call than in its arithmetic. Any other layers are called one by one."""
     if bias is not None and len(layers) != 1:
         raise ValueError(f"a bias is added to one layer's output, not to {len(layers)} layers'")
     first = layers[0]
@@ -235,7 +235,7 @@ def products(x: Tensor, layers: Sequence[nn.Module], bias: Tensor | None = None)
     flat = first._inputs(x).float()
     many = len(flat) >= gemm.MANY_ROWS and flat.device.type == "cpu" and not torch.compiler.is_compiling()
     engine = gemm.engine() if many else None
-    if engine is not None:
+    if engine is not None and gemm.suits(flat):
         return [layer.many_rows(flat, engine, bias).to(x.dtype).reshape(*x.shape[:-1], -1) for layer in layers]
     weights = [layer.weights() for layer in layers]
     out = kernels.block_matmuls(flat, first.layout, weights).to(x.dtype)

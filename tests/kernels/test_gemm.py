@@ -137,3 +137,20 @@ def test_a_forced_avx2_class_takes_fbgemm(monkeypatch) -> None:
     monkeypatch.delenv(gemm.GEMM_ENV, raising=False)
     monkeypatch.setenv(CPU_CLASS_ENV, "avx2")
     assert gemm.engine() == "fbgemm"
+
+
+@x86
+@needs_c
+def test_an_input_with_outliers_keeps_the_block_kernel(monkeypatch) -> None:
+    """One scale for a whole input with outlier channels (SmolLM2's: its perplexity rose 1.75x
+    through the GEMM) would crush the rest: such an input, spread past MAX_SPREAD, keeps the blocks."""
+    monkeypatch.setenv(gemm.GEMM_ENV, "onednn")
+    g = torch.Generator().manual_seed(7)
+    layer = BlockLinear.of(torch.randn(40, 64, generator=g), "q8_0")
+    x = torch.randn(20, 64, generator=g)
+    assert gemm.suits(x)
+    x[0, 3] = 200.0  # an outlier
+    assert not gemm.suits(x)
+    expected = kernels.block_matmul(x, "q8_0", *layer.whole(), kernel="reference")
+    assert_close(layer(x), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    assert layer._gemm is None
