@@ -326,9 +326,12 @@ def test_translate_input_file_in_sorted_batches_keeps_the_input_order_and_shows_
     order = random.Random(0)
     sources = [order.choice(SENTENCES) for _ in range(1200)]  # 1,200 lines: long enough for progress
     (tmp_path / "doc.txt").write_text("".join(line + "\n" for line in sources), encoding="utf-8")
-    alone = reference_translate(attnkit.from_pretrained(mt_dir, weights="auto"), SENTENCES, 1, **GREEDY_OPTIONS)
+    # fp32: int8 batches of 8 rows or more take the int8 GEMM, whose per-batch activation scale
+    # may flip a near tie against a line translated alone; this test is about order, not format
+    alone = reference_translate(attnkit.from_pretrained(mt_dir, weights="fp32"), SENTENCES, 1, **GREEDY_OPTIONS)
     assert len(set(alone)) == len(SENTENCES)  # all different, so a line out of place shows
-    assert main(["translate", "--model", str(mt_dir), *GREEDY, "--input", str(tmp_path / "doc.txt")]) == 0
+    argv = ["translate", "--model", str(mt_dir), *GREEDY, "--weights", "fp32", "--input", str(tmp_path / "doc.txt")]
+    assert main(argv) == 0
     captured = capsys.readouterr()
     assert captured.out.splitlines() == [alone[SENTENCES.index(s)] for s in sources]
     assert "translate: 1200/1200 lines (100%)" in captured.err
