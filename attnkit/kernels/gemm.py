@@ -16,7 +16,9 @@ Two engines of PyTorch's run it (:func:`engine`): oneDNN where the CPU has AMX's
 ``vpmaddubsw``, AVX-512 VNNI where it is; fbgemm keeps its activations to 7 bits so that its 16-bit
 pair sums cannot saturate). ARM64 has neither, and keeps the block kernel at every row count.
 ``ATTNKIT_INT8_GEMM`` (onednn, fbgemm or off) picks one by hand, so that each is tested on any x86
-machine; ``ATTNKIT_CPU_CLASS`` below avx512-bf16 takes fbgemm, as an AVX2 CPU would. To time an
+machine where it is exact: oneDNN takes 8-bit activations, whose pair sums saturate 16 bits without
+VNNI (:func:`onednn_exact`; with ``ONEDNN_MAX_CPU_ISA=AVX2`` 3% of a product's outputs were wrong by up
+to 60x). ``ATTNKIT_CPU_CLASS`` below avx512-bf16 takes fbgemm, as an AVX2 CPU would. To time an
 AVX2 CPU's fbgemm on a bigger one, also set ``FBGEMM_ENABLE_INSTRUCTIONS=AVX2`` before Python.
 
 ``torch.compile`` cannot trace the engines' packed weights: a compiled step keeps the block kernel.
@@ -35,7 +37,7 @@ from torch import Tensor
 
 from attnkit.machine import cpu_class, cpu_flags
 
-__all__ = ["ENGINES", "GEMM_ENV", "MANY_ROWS", "MAX_SPREAD", "engine", "matmul", "pack", "suits"]
+__all__ = ["ENGINES", "GEMM_ENV", "MANY_ROWS", "MAX_SPREAD", "engine", "matmul", "onednn_exact", "pack", "suits"]
 
 GEMM_ENV = "ATTNKIT_INT8_GEMM"
 ENGINES = ("onednn", "fbgemm")
@@ -52,18 +54,36 @@ MAX_SPREAD = 16.0
 MANY_ROWS = 8
 
 
+def _onednn_isa() -> str:
+    """oneDNN's ISA cap, ``$ONEDNN_MAX_CPU_ISA`` ("ALL" where unset), upper case."""
+    return os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper() or "ALL"
+
+
+def onednn_exact() -> bool:
+    """Whether oneDNN multiplies 8-bit activations by int8 weights without saturating here: the CPU
+    has VNNI or AMX's int8 tiles (32-bit sums), and ``$ONEDNN_MAX_CPU_ISA`` does not cap it below them."""
+    capped = _onednn_isa() in ("SSE41", "AVX", "AVX2", "AVX512_CORE")
+    return not capped and bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())
+
+
 def engine() -> str | None:
     """The engine that runs the GEMM here: ``$ATTNKIT_INT8_GEMM`` where set (None for "off"),
-    else oneDNN on a CPU of class avx512-bf16 with AMX int8 tiles, fbgemm on any other x86-64
-    CPU, None on ARM64 (the block kernel at every row count)."""
+    else oneDNN on a CPU of class avx512-bf16 with AMX int8 tiles that oneDNN may use, fbgemm on
+    any other x86-64 CPU, None on ARM64 (the block kernel at every row count)."""
     chosen = os.environ.get(GEMM_ENV, "").strip().lower()
     if chosen:
         if chosen not in (*ENGINES, "off"):
             raise ValueError(f"{GEMM_ENV}={chosen} is not an int8 GEMM engine; use {', '.join(ENGINES)} or off")
+        if chosen == "onednn" and not onednn_exact():
+            raise ValueError(
+                f"{GEMM_ENV}=onednn would saturate here: oneDNN has no VNNI or AMX on this CPU"
+                f" (ONEDNN_MAX_CPU_ISA={_onednn_isa()}); use fbgemm or off"
+            )
         return None if chosen == "off" else chosen
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None
-    return "onednn" if cpu_class().native_bf16 and "amx_int8" in cpu_flags() else "fbgemm"
+    amx = "amx_int8" in cpu_flags() and (_onednn_isa() in ("ALL", "DEFAULT") or "AMX" in _onednn_isa())
+    return "onednn" if cpu_class().native_bf16 and amx else "fbgemm"
 
 
 @contextlib.contextmanager

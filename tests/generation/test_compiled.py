@@ -39,6 +39,7 @@ from attnkit import kernels
 from attnkit.generation import compiled
 from attnkit.generation.continuous import ContinuousBatch, Request
 from attnkit.generation.incremental import IncrementalModel
+from attnkit.kernels import gemm
 from attnkit.machine import compile_cache
 
 pytestmark = pytest.mark.slow  # every test compiles (a few seconds each)
@@ -274,8 +275,12 @@ def test_compiled_step_in_each_weight_format(
         # the others.
         assert_close(compiled_logits, eager_logits, atol=5e-3 * fp32.abs().max().item(), rtol=0)
     # int4 on this random GPT-2 is 63% away: 4 bits of Gaussian noise compound over the steps (its
-    # quality is measured on trained models in docs/performance.md).
-    assert weights == "int4" or eager <= 0.1 * fp32.abs().max()
+    # quality is measured on trained models in docs/performance.md). int8's prompt of 21 rows takes
+    # the int8 GEMM, whose activations fbgemm keeps to 7 bits, a step twice oneDNN's: its cache
+    # carries it, 18% from fp32 by the third step here against 9% (the demo translator kept its BLEU
+    # within 0.1 through either, docs/performance.md).
+    bound = 0.2 if weights == "int8" and gemm.engine() == "fbgemm" else 0.1
+    assert weights == "int4" or eager <= bound * fp32.abs().max()
 
 
 @pytest.mark.skipif(not kernels.available(), reason="blocks are packed only for the C kernel")

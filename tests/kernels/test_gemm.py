@@ -23,6 +23,11 @@ x86 = pytest.mark.skipif(
     platform.machine().lower() not in ("x86_64", "amd64"), reason="PyTorch's int8 GEMM engines are x86-64's"
 )
 needs_c = pytest.mark.skipif(not kernels.available(), reason="this machine cannot build or run its C kernel")
+# Each engine where it is exact here: oneDNN's 8-bit activations saturate without VNNI or AMX.
+EXACT_ENGINES = [
+    pytest.param("onednn", marks=pytest.mark.skipif(not gemm.onednn_exact(), reason="oneDNN has no VNNI or AMX here")),
+    "fbgemm",
+]
 
 
 def written_out(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias, engine: str) -> torch.Tensor:
@@ -33,7 +38,7 @@ def written_out(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias, en
 
 
 @x86
-@pytest.mark.parametrize("engine", gemm.ENGINES)
+@pytest.mark.parametrize("engine", EXACT_ENGINES)
 @pytest.mark.parametrize(("m", "n", "k"), [(8, 37, 64), (33, 129, 96), (130, 300, 800)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_each_engine_computes_its_arithmetic(engine: str, m: int, n: int, k: int, with_bias: bool) -> None:
@@ -55,7 +60,7 @@ def test_each_engine_computes_its_arithmetic(engine: str, m: int, n: int, k: int
 
 @x86
 @needs_c
-@pytest.mark.parametrize("engine", gemm.ENGINES)
+@pytest.mark.parametrize("engine", EXACT_ENGINES)
 @pytest.mark.parametrize("layout", kernels.FORMATS)
 def test_a_layer_of_blocks_takes_the_gemm_from_many_rows_on(monkeypatch, engine: str, layout: str) -> None:
     monkeypatch.setenv(gemm.GEMM_ENV, engine)
@@ -88,7 +93,7 @@ def test_off_keeps_the_block_kernel_at_every_row_count(monkeypatch) -> None:
 
 @x86
 @needs_c
-@pytest.mark.parametrize("engine", gemm.ENGINES)
+@pytest.mark.parametrize("engine", EXACT_ENGINES)
 def test_the_many_row_weights_follow_a_load_and_the_vocabulary_bias(monkeypatch, engine: str) -> None:
     """Weights loaded into a layer that has made its GEMM weights are the ones multiplied next; a
     vocabulary projection's bias, added inside the GEMM, is its bias as it is now."""
@@ -116,9 +121,14 @@ def test_the_many_row_weights_follow_a_load_and_the_vocabulary_bias(monkeypatch,
 @x86
 def test_the_engine_follows_the_stated_rule(monkeypatch) -> None:
     monkeypatch.delenv(gemm.GEMM_ENV, raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(gemm, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_bf16", "amx_int8"}))
     monkeypatch.setattr(gemm, "cpu_class", lambda: type("C", (), {"native_bf16": True})())
     assert gemm.engine() == "onednn"
+    for isa, engine in (("AVX512_CORE_BF16", "fbgemm"), ("avx512_core_amx", "onednn"), ("ALL", "onednn")):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)  # oneDNN kept from AMX: fbgemm is faster
+        assert gemm.engine() == engine
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     monkeypatch.setattr(gemm, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_bf16"}))
     assert gemm.engine() == "fbgemm"  # AVX512-BF16 without AMX's int8 tiles
     monkeypatch.setattr(gemm, "cpu_flags", lambda: frozenset({"avx2", "amx_int8"}))
@@ -133,6 +143,25 @@ def test_the_engine_follows_the_stated_rule(monkeypatch) -> None:
 
 
 @x86
+def test_onednn_is_refused_where_it_would_saturate(monkeypatch) -> None:
+    """Without VNNI or AMX, oneDNN sums pairs of 8-bit activation products in 16 bits, and they
+    saturate: forced there, it is refused in one line, and never chosen."""
+    monkeypatch.setenv(gemm.GEMM_ENV, "onednn")
+    monkeypatch.setattr(gemm, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "amx_int8"}))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    message = "ATTNKIT_INT8_GEMM=onednn would saturate here: oneDNN has no VNNI or AMX on this CPU"
+    with pytest.raises(ValueError, match=rf"^{message} \(ONEDNN_MAX_CPU_ISA=AVX2\); use fbgemm or off$"):
+        gemm.engine()
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setattr(gemm, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # an AVX2 CPU
+    with pytest.raises(ValueError, match=r"ONEDNN_MAX_CPU_ISA=ALL\); use fbgemm or off$"):
+        gemm.engine()
+    for flag in ("avx_vnni", "avx512_vnni"):
+        monkeypatch.setattr(gemm, "cpu_flags", lambda flag=flag: frozenset({"avx2", flag}))
+        assert gemm.engine() == "onednn"
+
+
+@x86
 def test_a_forced_avx2_class_takes_fbgemm(monkeypatch) -> None:
     monkeypatch.delenv(gemm.GEMM_ENV, raising=False)
     monkeypatch.setenv(CPU_CLASS_ENV, "avx2")
@@ -144,7 +173,7 @@ def test_a_forced_avx2_class_takes_fbgemm(monkeypatch) -> None:
 def test_an_input_with_outliers_keeps_the_block_kernel(monkeypatch) -> None:
     """One scale for a whole input with outlier channels (SmolLM2's: its perplexity rose 1.75x
     through the GEMM) would crush the rest: such an input, spread past MAX_SPREAD, keeps the blocks."""
-    monkeypatch.setenv(gemm.GEMM_ENV, "onednn")
+    monkeypatch.setenv(gemm.GEMM_ENV, "fbgemm")
     g = torch.Generator().manual_seed(7)
     layer = BlockLinear.of(torch.randn(40, 64, generator=g), "q8_0")
     x = torch.randn(20, 64, generator=g)
