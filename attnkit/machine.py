@@ -185,6 +185,13 @@ COMPILE_CACHE_ENV = "ATTNKIT_COMPILE_CACHE"
 _set_here: set[str] = set()  # the cache directories this process chose for inductor
 
 
+def cpu_identity() -> str:
+    """The CPU as compiled code depends on it: its model, the flags that decide kernels, and a
+    forced ``ATEN_CPU_CAPABILITY``."""
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "")
+    return f"{_cpu_model()}|{','.join(sorted(cpu_flags() & _FLAGS_THAT_MATTER))}|{capability}"
+
+
 def compile_cache() -> str | None:
     """Point inductor's on-disk cache (its compiled graphs, kernels and autotuning choices) at
     attnkit's cache on this machine, so that a step compiled once loads in later processes:
@@ -208,7 +215,7 @@ def compile_cache() -> str | None:
     if current not in (None, os.path.abspath(default_cache_dir()), *_set_here):
         return None
     capability = os.environ.get("ATEN_CPU_CAPABILITY", "")
-    cpu = f"{_cpu_model()}|{','.join(sorted(cpu_flags() & _FLAGS_THAT_MATTER))}|{capability}"
+    cpu = cpu_identity()
     root = os.environ.get(COMPILE_CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "attnkit", "compile")
     name = f"torch-{torch.__version__}-{capability or 'native'}-{hashlib.sha256(cpu.encode()).hexdigest()[:12]}"
     path = os.path.join(root, name)

@@ -246,9 +246,8 @@ def products(x: Tensor, layers: Sequence[nn.Module], bias: Tensor | None = None)
 
 def repack_changed(model: nn.Module) -> None:
     """Pack again each :class:`BlockLinear` of ``model`` whose blocks changed since it was packed
-    (after a load copies them in): done at the load, not by the first forward after it, whose new
-    packed tensors would look like changed weights to a compiled step compiled before it
-    (:func:`attnkit.generation.compiled.check_weights`), and make it compile again."""
+    (after a load copies them in): done at the load, not by the first forward after it, so that
+    the model's tensors stay those it was loaded with."""
     for module in model.modules():
         if isinstance(module, BlockLinear):
             module.refresh()

@@ -6,9 +6,10 @@
 * Compiled, every step's logits equal the eager step's to float tolerance (inductor fuses the
   reductions and rounds differently: fp32 within 1e-4), fed the same tokens; greedy and
   seeded sampling (no row ending early) give the eager tokens on these models.
-* A graph compiles once per model and shape, and again when the weights or a module's attribute
-  changed; two models of one architecture never share a graph (the step's guards skip the
-  modules but for one weight's identity).
+* A step compiles once per model structure and shape, is kept on disk under a key of all it was
+  traced from and loaded by another process (a torn or foreign file compiled again); it reads
+  the weights at every call, so changed weights and two models of one structure decode their
+  own tokens; a module's attribute changed makes another step.
 * Beam search, reordering and a prompt longer than the fixed cache are refused in one line.
 """
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -38,7 +38,7 @@ import attnkit
 from attnkit import kernels
 from attnkit.generation import compiled
 from attnkit.generation.continuous import ContinuousBatch, Request
-from attnkit.generation.incremental import IncrementalModel
+from attnkit.generation.incremental import IncrementalModel, decoder_only_step
 from attnkit.kernels import gemm
 from attnkit.machine import compile_cache
 
@@ -173,23 +173,6 @@ def test_models_of_one_architecture_keep_their_own_graphs_and_an_attribute_chang
     assert len(compiled.COMPILES) == before + 1
 
 
-def test_the_step_keeps_every_guard_where_none_ties_it_to_its_model() -> None:
-    class Source:
-        def __init__(self, on_module: bool) -> None:
-            self.on_module = on_module
-
-        def is_unspecialized_nn_module(self) -> bool:
-            return self.on_module
-
-    def entry(kind: str, on_module: bool) -> SimpleNamespace:
-        return SimpleNamespace(guard_type=kind, orig_guard=SimpleNamespace(source=Source(on_module)))
-
-    kinds = [("TENSOR_MATCH", False), ("TYPE_MATCH", True), ("ID_MATCH", True), ("ID_MATCH", True)]
-    entries = [entry(kind, on_module) for kind, on_module in kinds]
-    assert compiled._keep_guards(entries) == [True, False, True, False]
-    assert compiled._keep_guards(entries[:2]) == [True, True]
-
-
 @pytest.mark.parametrize("name", ["transformer-tiny", "t5-tiny"])
 def test_compiled_translation_with_early_ends_and_budgets_equals_eager(name: str) -> None:
     model = shared_model(name)
@@ -290,9 +273,13 @@ def test_a_loaded_model_of_blocks_is_packed_at_the_load_not_by_its_first_forward
     hf_gpt2(0).save_pretrained(tmp_path / "hf")
     attnkit.from_pretrained(tmp_path / "hf", weights="int4").save_pretrained(tmp_path / "int4")
     for model in (attnkit.from_pretrained(tmp_path / "hf", weights="int4"), attnkit.from_pretrained(tmp_path / "int4")):
-        loaded = compiled._fingerprint(model)
+        loaded = tensors(model)
         model(torch.tensor([[1, 2, 3]]))
-        assert compiled._fingerprint(model) == loaded
+        assert tensors(model) == loaded
+
+
+def tensors(model: attnkit.models.Model) -> list[tuple[int, int, int]]:
+    return [(id(t), t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers())]
 
 
 def test_compiled_steps_are_cached_per_torch_version_and_cpu_and_the_users_choice_stands(
@@ -338,15 +325,15 @@ torch.manual_seed(int(sys.argv[1]))
 model = to_format(attnkit.build_model("gpt-tiny"), "int8")
 ids = torch.tensor([[3, 4, 5, 6]])
 same = torch.equal(model.generate(ids, max_new_tokens=8, compile=True), model.generate(ids, max_new_tokens=8))
-print(same, counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
+print(same, compiled.COMPILES[-1].loaded, counters["stats"]["unique_graphs"])
 """
 
 
 @pytest.mark.skipif(not kernels.available(), reason="the int8 step (whose graph inductor caches) needs the C kernel")
 def test_a_second_process_loads_the_compiled_step_and_other_weights_decode_their_own(tmp_path: Path) -> None:
-    """Another process compiles nothing: inductor's graph comes from the cache; a model of other
-    weights reuses the graph (the weights are read from the model, not baked in) and decodes
-    its own tokens."""
+    """Another process compiles nothing: the step is loaded from the disk; a model of other
+    weights reuses it (the weights are read from the model, not baked in) and decodes its own
+    tokens."""
     import subprocess
     import sys
 
@@ -359,9 +346,38 @@ def test_a_second_process_loads_the_compiled_step_and_other_weights_decode_their
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stdout.split()
 
-    assert run(0) == ["True", "0", "1"]  # compiled, and cached
-    assert run(0) == ["True", "1", "0"]  # loaded: nothing compiled
-    assert run(1) == ["True", "1", "0"]  # other weights: the same graph, their own tokens
+    assert run(0) == ["True", "False", "1"]  # compiled, and kept
+    assert run(0) == ["True", "True", "0"]  # loaded: nothing compiled
+    assert run(1) == ["True", "True", "0"]  # other weights: the same step, their own tokens
+    (step,) = (tmp_path / "cache").glob("*/steps/*.step")
+    data = step.read_bytes()
+    step.write_bytes(data[: len(data) // 2])  # torn
+    assert run(0) == ["True", "False", "1"]  # not loaded: compiled again
+    assert run(0) == ["True", "True", "0"]  # kept whole
+    step.write_bytes(data.replace(b"threads", b"Threads", 1))  # another machine's, or torch's
+    assert run(0) == ["True", "False", "1"]
+
+
+def test_a_step_is_kept_under_a_key_of_everything_it_was_traced_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = copy_of(shared_model("gpt-tiny"))
+    ids = random_ids(1, (1, 5), model.config.vocab_size)
+    cache = model.decoder.new_cache(capacity=64, fixed=True)
+    model(ids, cache=cache)
+    args = (ids[:, :1].contiguous(), cache, None, torch.tensor([[5]]))
+    describe = compiled.stored.describe
+    base = describe(decoder_only_step, model, args, {})
+    assert describe(decoder_only_step, copy_of(model), args, {}) == base  # the same structure, other tensors
+    assert describe(decoder_only_step, model, (ids[:, :1].repeat(2, 1), *args[1:]), {}) != base  # rows
+    assert describe(decoder_only_step, model, args, {"max_autotune": True}) != base
+    monkeypatch.setenv("ATTNKIT_INT8_GEMM", "off")
+    assert describe(decoder_only_step, model, args, {}) != base
+    monkeypatch.delenv("ATTNKIT_INT8_GEMM")
+    model.decoder.layers[0].self_attn.scale *= 2.0  # an attribute
+    assert describe(decoder_only_step, model, args, {}) != base
+    fresh = copy_of(model)
+    assert describe(decoder_only_step, fresh.to(torch.bfloat16), args, {}) != describe(
+        decoder_only_step, copy_of(model), args, {}
+    )
 
 
 def test_compile_refusals() -> None:
