@@ -32,7 +32,6 @@ import io
 import logging
 import os
 import stat
-import tempfile
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,6 +39,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from attnkit.durable import replace_file
+from attnkit.machine import cpu_identity
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +118,6 @@ def _tensors(obj: Any, path: str, depth: int = 4) -> Iterator[tuple[str, Tensor]
 
 def describe(fn: Callable[..., Any], model: nn.Module, args: tuple[Any, ...], options: dict[str, Any]) -> str:
     """Everything a compiled step depends on but the weights' values, as text (the file's header)."""
-    from attnkit.machine import cpu_identity
-
     lines = [
         f"torch {torch.__version__}",
         f"attnkit source {_source()}",
@@ -175,16 +175,7 @@ def save(step: Any, path: Path, description: str, model: nn.Module) -> None:
     try:
         payload = type(step).serialize(step, {"model": model}).serialized_data
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".partial")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(FORMAT + description.encode() + b"\0" + payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        replace_file(path, FORMAT + description.encode() + b"\0" + payload)
     except Exception as error:
         log.warning("the compiled step cannot be kept in %s (%s: %s); it stays in memory for this process",
                     path.parent, type(error).__name__, error)  # fmt: skip
