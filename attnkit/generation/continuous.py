@@ -217,7 +217,7 @@ class ContinuousBatch:
             cache.put(new, self.cache, old, keep, length, rows)
             key_mask[: len(kept), length - keep : length] = self.key_mask[old, slot - keep : slot]
             last[: len(kept)], next_position[: len(kept)] = self.last[old], self.next_position[old]
-        elif self.compile:  # a new batch: the model's weights may have changed since its graphs were compiled
+        elif self.compile:  # a new batch: the model's structure may have changed since its last (the steps' key)
             compiled.check_weights(self.model)
         assert cache.clock is not None
         cache.clock.begin(length, device)
