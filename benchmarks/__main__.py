@@ -127,6 +127,20 @@ def _floors(floors: dict) -> list[str]:
         *(f"| {fmt} | {f['weight_bytes'] / 1e6:,.0f} MB | {f['floor_ms']:.2f} | {f['ms_per_token']:.2f} | "
           f"{f['ms_per_token'] / f['floor_ms']:.2f} | {_compile_seconds(f)} | {_pays_off(f)} |"
           for fmt, f in floors.items() if isinstance(f, dict) and "floor_ms" in f),
+        *_default_path(floors.get("default path", {})),
+    ]  # fmt: skip
+
+
+def _default_path(paths: dict) -> list[str]:
+    """How each default path reached its compiled step: eager calls first (compile="auto")."""
+    if not paths:
+        return []
+    return [
+        "", "### The default path: eager calls, then the kept step", "",
+        "| path | eager calls before the step | their seconds | the step | first call of a new process |",
+        "|---|---|---|---|---|",
+        *(f"| {name} | {p['calls_before_compiled']} | {sum(p['seconds_of_those_calls']):.1f} s | {p['step']} | "
+          f"{p['first_call_of_a_new_process_s']:.2f} s |" for name, p in paths.items()),
     ]  # fmt: skip
 
 

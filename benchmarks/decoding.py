@@ -8,6 +8,8 @@ same weights, in one process, 2 threads each:
    vocabulary), with the floor each format implies on this machine: the bytes of weights one
    token reads over the measured memory read bandwidth. Each format also decodes with the
    compiled step (``generate(compile=True)``); its first call, which compiles, is timed apart.
+   The default path (no option; :data:`DEFAULT_PATHS`) is a row of its own, after the calls
+   that moved it onto the step the compiled rows kept (:func:`_default_paths`).
 2. A Marian-shaped translator (d_model 512, 6+6 layers, 8 heads, vocabulary 32k, random
    weights), 256 sources of 8-40 tokens, batch 32, beam 4, 32 new tokens each: target
    tokens/s of attnkit in each format against ``transformers`` fp32 and CTranslate2 int8 (its
@@ -131,13 +133,65 @@ def _attnkit_calls(
     compile_seconds = {}
     for fmt, model in models.items():
         model.config = model.config.replace(eos_token_id=None)  # every system decodes NEW tokens
-        calls[f"attnkit {fmt}"] = lambda m=model: m.generate(ids, max_new_tokens=NEW)
+        calls[f"attnkit {fmt}"] = lambda m=model: m.generate(ids, max_new_tokens=NEW, compile=False)
     for fmt, model in models.items():
         start = time.perf_counter()
         model.generate(ids, max_new_tokens=NEW, compile=True)
         compile_seconds[fmt] = time.perf_counter() - start
         calls[f"attnkit {fmt} compiled"] = lambda m=model: m.generate(ids, max_new_tokens=NEW, compile=True)
     return calls, compile_seconds
+
+
+# The default path as a user meets it, with no option: the Python API (fp32) and what the
+# commands load (weights="auto").
+DEFAULT_PATHS = {"attnkit default path (Python: fp32)": "fp32", "attnkit default path (commands: auto)": "auto"}
+
+
+def _default_paths(path: Path, ids: torch.Tensor, limit: int = 40) -> tuple[dict[str, Callable[[], object]], dict]:
+    """The default path's calls (``from_pretrained(path, weights=...).generate(ids)``, each its
+    own model): ``compile="auto"`` decodes eagerly until a load's worth of seconds is paid, then
+    loads the step the compiled rows kept. Each is called until it has moved onto its step (at
+    most ``limit`` calls) before the timed rounds; those calls' seconds, and the first call of a
+    new process (its imports and load included), are returned beside the calls."""
+    from attnkit.generation.compiled import COMPILES
+
+    calls, report = {}, {}
+    for name, weights in DEFAULT_PATHS.items():
+        model = attnkit.from_pretrained(path, weights=weights)
+        model.config = model.config.replace(eos_token_id=None)  # every system decodes NEW tokens
+        before, seconds = len(COMPILES), []
+        while len(COMPILES) == before and len(seconds) < limit:
+            start = time.perf_counter()
+            model.generate(ids, max_new_tokens=NEW)
+            seconds.append(time.perf_counter() - start)
+        moved = COMPILES[before] if len(COMPILES) > before else None
+        report[name] = {
+            "calls_before_compiled": len(seconds) if moved else None,
+            "seconds_of_those_calls": seconds,
+            "step": None
+            if moved is None
+            else ("loaded" if moved.loaded else "compiled") + f" in {moved.seconds:.2f} s",
+            "first_call_of_a_new_process_s": _first_call(path, weights, ids),
+        }
+        calls[name] = lambda m=model: m.generate(ids, max_new_tokens=NEW)
+    return calls, report
+
+
+_FIRST_CALL = """import sys, time
+start = time.perf_counter()
+import torch, attnkit
+model = attnkit.from_pretrained(sys.argv[1], weights=sys.argv[2])
+model.generate(torch.tensor([[int(t) for t in sys.argv[3].split(",")]]), max_new_tokens=int(sys.argv[4]))
+print(time.perf_counter() - start)
+"""
+
+
+def _first_call(path: Path, weights: str, ids: torch.Tensor) -> float:
+    """Seconds from a new process's start to the end of its first default-path decode."""
+    prompt = ",".join(map(str, ids[0].tolist()))
+    done = subprocess.run([sys.executable, "-c", _FIRST_CALL, str(path), weights, prompt, str(NEW)],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return float(done.stdout.split()[-1])
 
 
 def _floors(
@@ -177,12 +231,15 @@ def gpt2(repeats: int, small: bool, skipped: dict[str, str], worker: Worker | No
         hf.save_pretrained(saved)
         models = {fmt: attnkit.from_pretrained(saved, weights=fmt) for fmt in formats()}
         calls, compile_seconds = _attnkit_calls(models, ids)
+        defaults, default_report = _default_paths(saved, ids)
+        calls.update(defaults)
         calls["transformers fp32"] = lambda: hf.generate(ids, max_new_tokens=NEW, **_hf_options())
         calls.update(_ctranslate2_gpt2(saved, Path(tmp), ids, skipped, worker))
         times = round_robin(calls, repeats)
     case = f"GPT-2{' tiny' if small else ' 124M'} greedy (1×{PROMPT} + {NEW})"
     results = _comparisons(case, times, NEW, ["transformers fp32", "CTranslate2 int8", "CTranslate2 fp32"])
-    return results, _floors(models, times, results, compile_seconds, small, "transformers fp32")
+    floors = _floors(models, times, results, compile_seconds, small, "transformers fp32")
+    return results, floors | {"default path": default_report}
 
 
 def _ctranslate2_gpt2(
@@ -456,7 +513,9 @@ def quality(models: dict[str, torch.nn.Module], ids: torch.Tensor, verses: int =
 
     text = "\n".join(bible_text(("k",)).test[:verses])
     tokens = torch.tensor(models["fp32"].tokenizer.encode(text).ids)
-    greedy = {fmt: m.generate(ids, max_new_tokens=32)[0, ids.shape[1] :].tolist() for fmt, m in models.items()}
+    greedy = {
+        fmt: m.generate(ids, max_new_tokens=32, compile=False)[0, ids.shape[1] :].tolist() for fmt, m in models.items()
+    }
     scores = {fmt: perplexity(m, tokens) for fmt, m in models.items()}
     equal = {fmt: next((i for i, (a, b) in enumerate(zip(g, greedy["fp32"], strict=True)) if a != b), 32)
              for fmt, g in greedy.items()}  # fmt: skip
@@ -496,6 +555,8 @@ def smollm2(repeats: int = 5) -> tuple[list[Comparison], dict, dict[str, dict], 
     models = {fmt: attnkit.from_pretrained(path, weights=fmt) for fmt in with_gguf}
     ids = torch.tensor([models["fp32"].tokenizer.encode("The capital of France is").ids])  # every system's prompt
     calls, compile_seconds = _attnkit_calls(models, ids)
+    defaults, default_report = _default_paths(path, ids)
+    calls.update(defaults)
     hf.generation_config.eos_token_id = None
     calls["transformers fp32"] = lambda: hf.generate(ids, max_new_tokens=NEW, **_hf_options())
     peers = ["transformers fp32"]
@@ -506,7 +567,7 @@ def smollm2(repeats: int = 5) -> tuple[list[Comparison], dict, dict[str, dict], 
             calls["llama.cpp"], llama_cpp = stack.enter_context(_llama_cpp(path, ids))
             peers.append("llama.cpp")
             if "gguf" in models:  # the same blocks: do the two pick the same tokens?
-                ours = models["gguf"].generate(ids, max_new_tokens=NEW)[0, ids.shape[1] :].tolist()
+                ours = models["gguf"].generate(ids, max_new_tokens=NEW, compile=False)[0, ids.shape[1] :].tolist()
                 llama_cpp["same_tokens_as_attnkit_gguf"] = sum(
                     a == b for a, b in zip(ours, calls["llama.cpp"](), strict=True)
                 )
@@ -526,4 +587,4 @@ def smollm2(repeats: int = 5) -> tuple[list[Comparison], dict, dict[str, dict], 
         floors["llama.cpp"] = llama_cpp | {"ms_per_token": 1000 * statistics.median(times["llama.cpp"]) / NEW}
     if floors_bench:
         floors["llama-bench"] = floors_bench | {"ms_per_token": 1000 * statistics.median(times["llama-bench"]) / NEW}
-    return results, floors, scores, skipped
+    return results, floors | {"default path": default_report}, scores, skipped

@@ -79,9 +79,9 @@ def per_token_latency(prefixes: tuple[int, ...] = (64, 256, 1024), new: int = 48
         ids = torch.randint(0, hf.config.vocab_size, (1, prefix))
         row = {}
         for name, fn in (
-            ("attnkit", lambda ids=ids: ours.generate(ids, max_new_tokens=new)),
+            ("attnkit", lambda ids=ids: ours.generate(ids, max_new_tokens=new, compile=False)),
             ("transformers", lambda ids=ids: hf.generate(ids, max_new_tokens=new, **_hf_options())),
-            ("attnkit, prefix only", lambda ids=ids: ours.generate(ids, max_new_tokens=1)),
+            ("attnkit, prefix only", lambda ids=ids: ours.generate(ids, max_new_tokens=1, compile=False)),
             ("transformers, prefix only", lambda ids=ids: hf.generate(ids, max_new_tokens=1, **_hf_options())),
         ):
             fn()

@@ -43,7 +43,7 @@ def sequential(directory: Path, prompts: list[str], max_tokens: int, weights: st
     started = time.perf_counter()
     for ids in prompt_ids(model.tokenizer, model.config, prompts):
         begin = time.perf_counter()
-        out = model.generate(torch.tensor([ids]), max_new_tokens=max_tokens)[0, len(ids) :].tolist()
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_tokens, compile=False)[0, len(ids) :].tolist()
         latencies.append(time.perf_counter() - begin)
         tokens += out.index(eos) if eos in out else len(out)
     seconds = time.perf_counter() - started

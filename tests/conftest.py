@@ -25,6 +25,9 @@ def pytest_configure(config: pytest.Config) -> None:
     Dataset stores go to a directory of the session's own (each worker's), removed at the end:
     a test never reads a store another run left, nor leaves one in the user's cache."""
     os.environ["ATTNKIT_STORE"] = tempfile.mkdtemp(prefix="attnkit-stores-")
+    # compile="auto" (the default) compiles a step once a decode has paid for it: a test that
+    # decodes long enough would compile at a moment of its own. Tests of that policy turn it on.
+    os.environ["ATTNKIT_AUTO_COMPILE"] = "0"
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)

@@ -9,6 +9,8 @@ from attnkit.cli.common import (
     add_compile_flag,
     add_model_flag,
     add_weights_flag,
+    compile_option,
+    compiles_so_far,
     input_lines,
     load_for,
     report_compiles,
@@ -29,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog="examples:\n"
         '  attnkit chat --model runs/smollm2 --message "What is the capital of France?"\n'
         "  attnkit chat --model runs/smollm2 --weights int8          # one message per line, Ctrl-D ends\n"
-        "  attnkit chat --model runs/smollm2 --weights gguf --compile  # compiles first, then decodes faster",
+        "  attnkit chat --model runs/smollm2 --weights gguf --compile  # compiles at the first reply, not when it pays",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_flag(parser)
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = tokenizer_of(model, args.model, ids_hint=False)
     cfg = model.config
     messages = [{"role": "system", "content": args.system}] if args.system else []
-    room, compiled = cfg.max_len, 0
+    room, compiled = cfg.max_len, compiles_so_far()
     for number, text in enumerate(input_lines(args, args.message)):
         messages.append({"role": "user", "content": text})
         prompt = chat_prompt(template, tokenizer, cfg, messages)
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
         seed = None if args.seed is None else args.seed + number
         sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, seed=seed)
-        options = {"compile": args.compile, **(sampling if args.do_sample else {})}
+        options = {"compile": compile_option(args), **(sampling if args.do_sample else {})}
         model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, streamer=stream, **options)
         print(reply.finish(), flush=True)
         say_choice(model)

@@ -126,7 +126,7 @@ def decoding_options(args: argparse.Namespace, model: Model, fallback: dict[str,
         raise ValueError(f"{', '.join(set_without_sampling)} {verb} only when sampling; add --do-sample")
     if args.do_sample and effective.get("num_beams", 1) > 1:
         raise ValueError(f"--do-sample samples one path per input; use --num-beams 1 (got {effective['num_beams']})")
-    if args.compile and effective.get("num_beams", 1) > 1:
+    if args.compile is True and effective.get("num_beams", 1) > 1:
         raise ValueError(
             f"--compile compiles the one-path step (greedy or sampling); beam search (--num-beams "
             f"{effective['num_beams']}) runs eagerly: add --num-beams 1 or drop --compile"
@@ -144,17 +144,26 @@ def decoding_options(args: argparse.Namespace, model: Model, fallback: dict[str,
         top_p=args.top_p,
         eos_token_id=args.eos_id,
         pad_token_id=args.pad_id,
-        compile=args.compile,
+        compile=compile_option(args),
     )
 
 
-def report_compiles(since: int = 0) -> int:
-    """On stderr: each decoding step ``--compile`` compiled (from the ``since``-th on), and the
+def compiles_so_far() -> int:
+    """How many decoding steps this process has compiled or loaded: a command's
+    :func:`report_compiles` reports those after it."""
+    from attnkit.generation.compiled import COMPILES
+
+    return len(COMPILES)
+
+
+def report_compiles(since: int) -> int:
+    """On stderr: each decoding step compiled or loaded (from the ``since``-th on), and the
     seconds it took. Returns how many have been compiled, the next call's ``since``."""
     from attnkit.generation.compiled import COMPILES
 
     for done in COMPILES[since:]:
-        print(f"compiled the decoding step ({done.what}) in {done.seconds:.1f} s", file=sys.stderr)
+        how = "loaded" if done.loaded else "compiled"
+        print(f"{how} the decoding step ({done.what}) in {done.seconds:.1f} s", file=sys.stderr)
     return len(COMPILES)
 
 
@@ -208,10 +217,17 @@ def add_decoding_flags(parser: argparse.ArgumentParser, fallback: dict[str, obje
 
 def add_compile_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, pays_off_over: str) -> None:
     parser.add_argument(
-        "--compile", action="store_true",
-        help="run the greedy or sampled decoding step as one compiled graph (torch.compile): each new batch shape "
-        f"and cache size compiles first (seconds to a minute, reported), so it pays off over {pays_off_over}",
+        "--compile", action=argparse.BooleanOptionalAction, default=None,
+        help="run the greedy or sampled decoding step as one compiled graph (torch.compile) from the first step: "
+        "each new batch shape and cache size is loaded from the compile cache (seconds) or compiled (seconds to a "
+        f"minute, reported), so it pays off over {pays_off_over}. Default: eager until the eager seconds of a "
+        "shape reach what its step costs, then compiled (a short job is never slower); --no-compile: always eager",
     )  # fmt: skip
+
+
+def compile_option(args: argparse.Namespace) -> bool | str:
+    """``generate``'s ``compile`` from ``--compile`` / ``--no-compile`` (neither: ``"auto"``)."""
+    return "auto" if args.compile is None else args.compile
 
 
 def require(*packages: str) -> None:

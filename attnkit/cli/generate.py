@@ -9,6 +9,7 @@ from attnkit.cli.common import (
     add_decoding_flags,
     add_model_flag,
     add_weights_flag,
+    compiles_so_far,
     decoding_options,
     emit,
     in_batches,
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from attnkit.generation.text import prompt_ids
 
     model = load_for(args.model, "generate", args.weights)
+    since = compiles_so_far()
     cfg = model.config
     options = decoding_options(args, model, DEFAULTS)
     eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
@@ -82,8 +84,7 @@ def run(args: argparse.Namespace) -> int:
                                      streamed(args, prompts_given), eos, pad):  # fmt: skip
             emit(lines)
         say_choice(model)
-        if args.compile:
-            report_compiles()
+        report_compiles(since)
         return 0
     tokenizer = None
     if args.ids is not None:
@@ -115,6 +116,5 @@ def run(args: argparse.Namespace) -> int:
                 lines.append(one_line(tokenizer.decode(tokens, skip_special_tokens=True)))
         emit(lines)
     say_choice(model)
-    if args.compile:
-        report_compiles()
+    report_compiles(since)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Literal
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -65,15 +66,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--compile", action=argparse.BooleanOptionalAction, default=None,
         help="decode completions through a compiled step (torch.compile; one graph per batch layout, each compiled "
-        "once, the first before the server listens; seconds to a minute each, reported). Default: on where a C++ "
-        "compiler is found (inductor's), else off with a line saying so",
+        "once, the first before the server listens; seconds to a minute each, reported). Default: each layout "
+        "decodes eagerly until its step is in the compile cache, compiled there by a background process at the "
+        "lowest priority, so that no request waits on a compile (where a C++ compiler is found, else eager with a "
+        "line saying so); --no-compile: always eager",
     )  # fmt: skip
     parser.set_defaults(run=run)
 
 
-def _compile(asked: bool | None, model: object) -> bool:
-    """Whether completions decode compiled: as asked, else where inductor's C++ compiler is found
-    (a line saying why not where it is not). Only decoder-only models decode completions."""
+def _compile(asked: bool | None, model: object) -> bool | Literal["auto"]:
+    """Whether completions decode compiled: as asked, else ``"auto"`` where inductor's C++
+    compiler is found (a line saying why not where it is not). Only decoder-only models decode
+    completions."""
     from attnkit.generation.compiled import compiler
 
     config = model.config  # type: ignore[attr-defined]
@@ -83,14 +87,15 @@ def _compile(asked: bool | None, model: object) -> bool:
         print("no C++ compiler found (g++, or $CXX): completions decode eagerly; install g++ to compile them",
               file=sys.stderr)  # fmt: skip
         return False
-    return asked is not False
+    return "auto" if asked is None else asked
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from attnkit.cli.common import load_model, report_compiles, say_choice
+    from attnkit.cli.common import compiles_so_far, load_model, report_compiles, say_choice
     from attnkit.serve import Limits, create_app
+    from attnkit.serve.precompile import Precompiler
     from attnkit.serve.server import run as serve
 
     for flag in ("max_batch", "max_queue", "max_new_tokens", "max_input_tokens", "max_beams", "max_body_bytes"):
@@ -114,11 +119,16 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     name = args.name or Path(args.model).resolve().name
     compile = _compile(args.compile, model)
-    app = create_app(model, name, limits, args.api_key, own_thread=False, allowed_origins=origins, compile=compile)
-    if compile:
+    precompile = Precompiler(args.model, args.weights) if compile == "auto" else None
+    app = create_app(
+        model, name, limits, args.api_key, own_thread=False, allowed_origins=origins, compile=compile,
+        precompile=precompile,
+    )  # fmt: skip
+    if compile is True:
         print("compiling the decoding step for one request (later batch layouts compile at their first step)",
               file=sys.stderr)  # fmt: skip
+        since = compiles_so_far()
         app.state.attnkit.engine.warm()
-        report_compiles()
+        report_compiles(since)
     serve(app, args.host, args.port, args.drain_seconds)
     return 0

@@ -10,6 +10,7 @@ from attnkit.cli.common import (
     add_decoding_flags,
     add_model_flag,
     add_weights_flag,
+    compiles_so_far,
     count_input_lines,
     decoding_options,
     emit,
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from attnkit.progress import ProgressReport
 
     model = load_for(args.model, "translate", args.weights)
+    since = compiles_so_far()
     cfg = model.config
     if args.source_length_offset < 0:
         raise ValueError(f"--source-length-offset must be >= 0, got {args.source_length_offset}")
@@ -95,8 +97,7 @@ def run(args: argparse.Namespace) -> int:
         progress.update(progress.n + len(lines))
     progress.close()
     say_choice(model)
-    if args.compile:
-        report_compiles()
+    report_compiles(since)
     return 0
 
 

@@ -144,7 +144,7 @@ def generate(
     forced_eos_token_id: int | None = None,
     bad_words_ids: list[list[int]] | None = None,
     streamer: Callable[[Tensor], None] | None = None,
-    compile: bool = False,
+    compile: bool | Literal["auto"] = "auto",
 ) -> Tensor:
     """Continue ``input_ids`` (decoder-only: returns prompt + continuation) or translate them
     (encoder–decoder: returns the decoder sequence, starting with its start token).
@@ -171,9 +171,13 @@ def generate(
     completed. ``streamer`` (greedy and sampling) is called with each step's new tokens (N,)
     as they are chosen, for output shown while it is decoded.
 
-    ``compile`` (greedy and sampling) runs each step after the first as one compiled graph
-    (:mod:`attnkit.generation.compiled`): the first call for a model and shape compiles it
-    (seconds to a minute, logged), later ones reuse it.
+    ``compile=True`` (greedy and sampling) runs each step after the first as one compiled graph
+    (:mod:`attnkit.generation.compiled`): the first call for a model and shape loads it from the
+    disk (seconds) or compiles it (seconds to a minute, logged), later ones reuse it.
+    ``"auto"`` (the default) decodes eagerly until the eager seconds of a shape reach what its
+    step would cost to load or compile, then moves onto it (decoder-only greedy and sampling, on
+    the CPU with a C++ compiler; everything else eagerly): a short job is never slower than eager.
+    ``False`` is always eager.
     """
     cfg = model.config
     tokenizer = getattr(model, "tokenizer", None) if tokenizer is None else tokenizer
@@ -201,7 +205,9 @@ def generate(
             else torch.full_like(input_ids[:, 0], input_ids.shape[1])
         )
         budget = (lengths + source_length_offset).clamp(min=1)
-    if compile and num_beams > 1:
+    if compile not in (True, False, "auto"):
+        raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
+    if compile is True and num_beams > 1:
         raise ValueError(
             f"compile=True compiles the one-path step (greedy or sampling); beam search (num_beams={num_beams}) "
             "reorders its rows every step and runs eagerly: drop compile=True or use num_beams=1"

@@ -22,6 +22,14 @@ structure (:func:`~attnkit.generation.stored.signature`, taken once per decode b
 :func:`check_weights`). The weights are the graph's inputs, read at every call: a model whose
 weights changed in place decodes with its new ones, and two models of one structure share a
 step's file but each calls it with its own weights.
+
+Readying a step costs seconds (a load) to a minute (a compile), which a short decode never
+earns back. ``compile="auto"`` (the default of :func:`~attnkit.generation.generate`) decides as
+in the ski-rental problem: a layout decodes eagerly, its eager seconds counted in its
+:class:`Account`, until they reach what readying its step would cost (:data:`LOAD_SECONDS` when
+its file is on disk, :data:`COMPILE_SECONDS` when not); then the decode moves to the step. A job
+shorter than that is never slower than eager, and a longer one never costs more than twice its
+best (the eager seconds paid equal the price of the step).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,6 +57,10 @@ MODE = "max-autotune-no-cudagraphs"
 # The autotuner writes a table of every kernel it timed to stderr: not a user's business.
 PATCHES = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 SMALLEST = 64  # the smallest cache capacity
+# What readying a step costs, for compile="auto" (measured on GPT-2 124M int8 and SmolLM2-135M,
+# 2-core Intel Xeon; docs/performance.md): loading it from the disk 2.3-3.3 s, compiling it 14-62 s.
+LOAD_SECONDS = 3.0
+COMPILE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,22 @@ class Compile:
     what: str
     seconds: float
     loaded: bool = False
+
+
+@dataclass
+class Account:
+    """One layout's decoding under ``compile="auto"``: the eager seconds it has paid, and where its
+    step would be kept (known at the first look, when they reach :data:`LOAD_SECONDS`)."""
+
+    paid: float = 0.0
+    path: Path | None = None
+    looked: bool = False
+
+    def due(self) -> bool:
+        """Whether the eager seconds paid reach what readying the step costs: a load where its file
+        is on disk (a stat), a compile where not."""
+        kept = self.path is not None and self.path.is_file()
+        return self.paid >= (LOAD_SECONDS if kept else COMPILE_SECONDS)
 
 
 COMPILES: list[Compile] = []
@@ -71,6 +100,7 @@ class _Steps:
     def __init__(self, owner: nn.Module) -> None:
         self.owner, self.generation = id(owner), _generation
         self.by_key: dict[tuple[Any, ...], Callable[..., Tensor]] = {}
+        self.accounts: dict[tuple[Any, ...], Account] = {}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> None:
         return None
@@ -124,14 +154,56 @@ def forget() -> None:
     _generation += 1
 
 
+def _steps(model: nn.Module) -> _Steps:
+    steps = model.__dict__.get("_compiled_steps")
+    if steps is None or steps.owner != id(model) or steps.generation != _generation:
+        steps = model.__dict__["_compiled_steps"] = _Steps(model)
+    return steps
+
+
+def _key(fn: Callable[..., Tensor], model: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (fn, model.__dict__.get("_step_signature"), tuple(_shape(a) for a in args))
+
+
+def can_compile(model: nn.Module) -> bool:
+    """Whether ``compile="auto"`` may compile ``model``'s steps: in inference mode (no dropout), on
+    the CPU (the steps' settings are the CPU's), with a C++ compiler for inductor, and not turned
+    off for the process (``ATTNKIT_AUTO_COMPILE=0``: the test suite's setting)."""
+    if os.environ.get("ATTNKIT_AUTO_COMPILE", "1") == "0":
+        return False
+    on_cpu = all(t.device.type == "cpu" for t in model.parameters())
+    return on_cpu and not dropout_on(model) and compiler() is not None
+
+
+def account(model: nn.Module, layout: tuple[Any, ...]) -> Account:
+    """The :class:`Account` of ``layout`` (what names a step but its arguments' exact layouts) for
+    ``model``, kept as long as its steps are."""
+    return _steps(model).accounts.setdefault(layout, Account())
+
+
+def ready(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> bool:
+    """Whether the step for ``fn`` at these arguments is in memory (a call runs it at once)."""
+    return _key(fn, model, args) in _steps(model).by_key
+
+
+def kept_at(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Path | None:
+    """Where the step for ``fn`` at these arguments is kept on the disk (None: no directory)."""
+    return _where(fn, model, args)[0]
+
+
+def _where(fn: Callable[..., Tensor], model: nn.Module, args: tuple[Any, ...]) -> tuple[Path | None, str]:
+    """The step's file (None: no directory) and its description (the file's head)."""
+    directory = compile_cache() or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    description = stored.describe(fn, model, args, {**torch._inductor.list_mode_options(MODE), **PATCHES})
+    return None if directory is None else stored.path_for(directory, description), description
+
+
 def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
     """``fn(model, *args)`` through its compiled step; the first call of a shape loads the step
     from the disk or compiles it (timed and logged). The step writes the cache among ``args`` in
     place."""
-    steps = model.__dict__.get("_compiled_steps")
-    if steps is None or steps.owner != id(model) or steps.generation != _generation:
-        steps = model.__dict__["_compiled_steps"] = _Steps(model)
-    key = (fn, model.__dict__.get("_step_signature"), tuple(_shape(a) for a in args))
+    steps = _steps(model)
+    key = _key(fn, model, args)
     step = steps.by_key.get(key)
     if step is not None:
         return step(*args)
@@ -149,17 +221,14 @@ def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
 def _prepare(fn: Callable[..., Tensor], model: nn.Module, args: tuple[Any, ...]) -> tuple[Any, Tensor, bool]:
     """The step for ``fn`` at these arguments, loaded from the disk or compiled (and kept there),
     its first output, and whether it was loaded."""
-    directory = compile_cache() or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    options = torch._inductor.list_mode_options(MODE)
-    description = stored.describe(fn, model, args, {**options, **PATCHES})
-    path = None if directory is None else stored.path_for(directory, description)
+    path, description = _where(fn, model, args)
     step = None if path is None else stored.load(path, description, model)
     if step is not None:
         try:
             return step, step(*args), True
         except Exception as error:
             log.warning("the compiled step %s failed at its first call (%s); compiling it again", path, error)
-    step = _compile(fn, model, args, options)
+    step = _compile(fn, model, args, torch._inductor.list_mode_options(MODE))
     if path is not None:
         stored.save(step, path, description, model)
     return step, step(*args), False

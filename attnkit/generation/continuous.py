@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -98,12 +100,24 @@ class ContinuousBatch:
     taken again). The layout changes only when the batch outgrows it (more rows, or the write
     position at the end of the cache), or shrinks to half of it: then every row is copied into a
     new layout right-aligned at the position after its longest row, the positions no row reads
-    dropped."""
+    dropped.
 
-    def __init__(self, model: DecoderOnlyModel, compile: bool = False) -> None:
+    ``compile="auto"``: a layout whose step is neither in memory nor kept on the disk decodes
+    eagerly (on its fixed buffers), and its step is asked of ``precompile(rows, capacity)``
+    once (a server compiles it in another process, :mod:`attnkit.serve.precompile`); a step
+    that appears on the disk (checked by a stat per step) is loaded and used from then on. No
+    step ever waits on a compile."""
+
+    def __init__(
+        self,
+        model: DecoderOnlyModel,
+        compile: bool | Literal["auto"] = False,
+        precompile: Callable[[int, int], None] | None = None,
+    ) -> None:
         if model.config.is_encoder_decoder:
             raise ValueError("continuous batching decodes decoder-only (GPT-family) models")
-        self.model, self.compile = model, compile
+        self.model, self.compile, self.precompile = model, compile, precompile
+        self._kept: dict[tuple[Any, ...], Path | None] = {}  # (structure, rows, capacity) -> its step's file
         if compile and model.embeddings.positions is not None:
             model.embeddings.positions.cover(model.config.max_len)  # a grown table would be a new graph
         self._empty()
@@ -197,6 +211,35 @@ class ContinuousBatch:
         read = self.key_mask[occupied].any(dim=0)  # (capacity,)
         return len(self.cache) - int(read.long().argmax()) if bool(read.any()) else 0
 
+    def _compiled(self, args: tuple[Any, ...]) -> bool:
+        """Whether this step runs compiled: always with ``compile=True``, never with False; with
+        ``"auto"``, once the layout's step is in memory or kept on the disk."""
+        if self.compile != "auto":
+            return bool(self.compile)
+        if compiled.ready(decoder_only_step, self.model, *args):
+            return True
+        assert self.cache is not None
+        layout = (self.model.__dict__.get("_step_signature"), len(self.rows), self.cache.capacity)
+        if layout not in self._kept:
+            path = self._kept[layout] = compiled.kept_at(decoder_only_step, self.model, *args)
+            if path is not None and not path.is_file() and self.precompile is not None:
+                self.precompile(*layout[1:])
+        path = self._kept[layout]
+        return path is not None and path.is_file()
+
+    def prepare(self, rows: int, capacity: int) -> None:
+        """Ready the step of the layout of ``rows`` rows and ``capacity`` positions (with
+        ``compile=True``: load it, or compile and keep it), by one request's step in a batch laid
+        out so: a server's background compile (:mod:`attnkit.serve.precompile`)."""
+        if rows != compiled.bucket(rows, least=1) or capacity - HEADROOM < 1:
+            raise ValueError(f"no continuous batch is laid out as {rows} rows of {capacity} positions")
+        self._layout(rows, capacity - HEADROOM)
+        assert self.cache is not None
+        if self.cache.capacity != capacity:
+            raise ValueError(f"no continuous batch is laid out as {rows} rows of {capacity} positions")
+        self.add([Request([self.model.config.bos_token_id or 0], 2)])
+        self.step()
+
     def _layout(self, rows: int, length: int) -> None:
         """Lay the batch out anew: room for ``rows`` requests (a power of two), the requests now in
         it first, their last ``length`` positions right-aligned at the new write position, and a
@@ -237,7 +280,7 @@ class ContinuousBatch:
         assert self.key_mask is not None and self.last is not None and self.next_position is not None
         self.key_mask.index_fill_(1, self.cache.clock.slot, True)  # the new position is real for every row
         args = (self.last[:, None], self.cache, self.key_mask, self.next_position)
-        if self.compile:
+        if self._compiled(args):
             logits = compiled.call(decoder_only_step, self.model, *args)
         else:
             logits = decoder_only_step(self.model, *args)

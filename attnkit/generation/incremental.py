@@ -5,12 +5,15 @@ decoder-only and encoder–decoder models: :meth:`IncrementalModel.start` then
 
 from __future__ import annotations
 
+import time
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.config import ModelConfig
-from attnkit.generation import compiled
+from attnkit.generation import compiled, stored
 from attnkit.generation.batches import positions
 from attnkit.models.core import DecoderOnlyModel, EncoderDecoderModel, Model
 from attnkit.nn import padding_mask
@@ -56,7 +59,11 @@ class IncrementalModel:
     (:mod:`attnkit.generation.compiled`) over a cache of fixed capacity (a power of two that
     holds the decode, within the model's context); the rows keep their places (no
     :meth:`reorder`), and an encoder–decoder's source is padded to a power of two, so that
-    later calls of other lengths reuse the graph.
+    later calls of other lengths reuse the graph. ``"auto"`` (decoder-only, one path per row, a
+    model :func:`~attnkit.generation.compiled.can_compile`): eager steps, their seconds paid into
+    the layout's :class:`~attnkit.generation.compiled.Account`, until readying the step is due;
+    then the cache moves into fixed buffers and the later steps run compiled. Otherwise
+    ``"auto"`` is eager.
     """
 
     def __init__(
@@ -66,19 +73,25 @@ class IncrementalModel:
         attention_mask: Tensor | None,
         copies: int = 1,
         max_new_tokens: int = 64,
-        compile: bool = False,
+        compile: bool | Literal["auto"] = False,
     ) -> None:
-        self.model, self.copies, self.compiled = model, copies, compile
+        self.model, self.copies = model, copies
         self.encoder_decoder = model.config.is_encoder_decoder
         prompt = 1 if self.encoder_decoder else input_ids.shape[1]
+        self.longest = prompt + max_new_tokens - 1  # what the cache holds: the last token chosen is never fed
+        self.account: compiled.Account | None = None
+        if compile == "auto":
+            compile = False
+            if copies == 1 and not self.encoder_decoder and compiled.can_compile(model):
+                unmasked = attention_mask is None or bool(attention_mask.bool().all())
+                layout = (stored.signature(model), input_ids.shape[0], self._capacity(), unmasked)
+                self.account = compiled.account(model, layout)
+                compile = self.account.due()
+                self.account = None if compile else self.account
+        self.compiled = compile
         if compile:
-            # The last token chosen is never fed: the cache holds the prompt and max_new_tokens - 1 more.
-            capacity = compiled.bucket(prompt + max_new_tokens - 1, model.config.max_len)
-            self.cache = model.decoder.new_cache(capacity=capacity, fixed=True)
-            embeddings = model.decoder_embeddings if isinstance(model, EncoderDecoderModel) else model.embeddings
-            if embeddings.positions is not None:
-                embeddings.positions.cover(capacity)  # first: a grown table is a new constant
-            compiled.check_weights(model)
+            self.cache = self._fixed_cache()
+            capacity = self.cache.capacity
         else:
             # Room for 32 new tokens, then the cache doubles as far as the decode really goes: a step
             # attends over the whole buffer (KVCache.whole), so it is kept within twice what is filled.
@@ -121,10 +134,56 @@ class IncrementalModel:
             return self._compiled_step(tokens)
         if self.encoder_decoder:
             return self._decode(tokens)
+        start = time.perf_counter()
         seen = len(self.cache) + 1
         mask = None if self.key_mask is None else self.key_mask[:, :seen]
         positions, self.next_position = self.next_position, self.next_position + 1
-        return decoder_only_step(self.model, tokens, self.cache, mask, positions)  # type: ignore[arg-type]
+        logits = decoder_only_step(self.model, tokens, self.cache, mask, positions)  # type: ignore[arg-type]
+        if self.account is not None:
+            self.account.paid += time.perf_counter() - start
+            if self.account.paid >= compiled.LOAD_SECONDS:
+                self._move_when_due()
+        return logits
+
+    def _capacity(self) -> int:
+        return compiled.bucket(self.longest, self.model.config.max_len)
+
+    def _fixed_cache(self) -> DecoderCache:
+        """An empty cache of the compiled step's fixed capacity, the model checked for it."""
+        model = self.model
+        embeddings = model.decoder_embeddings if isinstance(model, EncoderDecoderModel) else model.embeddings
+        if embeddings.positions is not None:
+            embeddings.positions.cover(self._capacity())  # first: a grown table is a new constant
+        compiled.check_weights(model)
+        return model.decoder.new_cache(capacity=self._capacity(), fixed=True)
+
+    def _move_when_due(self) -> None:
+        """``"auto"``: move the decode onto the compiled step once readying it is due (at the first
+        look, the cache laid out as the step's to name its file)."""
+        assert self.account is not None
+        moved = None
+        if not self.account.looked:
+            self.account.looked = True
+            moved = self._moved()
+            tokens = torch.empty_like(self.next_position)  # (N, 1), as a step's tokens
+            self.account.path = compiled.kept_at(decoder_only_step, self.model, tokens, *moved, self.next_position)
+        if self.account.due():
+            self.cache, self.key_mask = moved or self._moved()
+            self.compiled, self.account = True, None
+
+    def _moved(self) -> tuple[DecoderCache, Tensor | None]:
+        """The cache and key mask so far, copied into the compiled step's fixed layout."""
+        fixed, filled = self._fixed_cache(), len(self.cache)
+        rows = torch.arange(self.next_position.shape[0], device=self.next_position.device)
+        fixed.put(rows, self.cache, rows, filled, filled, rows.shape[0])
+        assert fixed.clock is not None
+        fixed.clock.begin(filled, rows.device)
+        if self.key_mask is None:
+            return fixed, None
+        mask = self.key_mask.new_ones(rows.shape[0], fixed.capacity)  # (N, capacity): the new positions are real
+        kept = min(fixed.capacity, self.key_mask.shape[1])
+        mask[:, :kept] = self.key_mask[:, :kept]
+        return fixed, mask
 
     def _compiled_step(self, tokens: Tensor) -> Tensor:
         assert self.cache.clock is not None

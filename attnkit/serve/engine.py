@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -65,14 +65,21 @@ class QueueFullError(Exception):
 
 class Engine:
     """The model thread. ``max_batch``: rows decoded together; ``max_queue``: jobs waiting;
-    ``compile``: completions' decoding step compiled, one graph per layout of the batch (each
-    compiles at its first step, seconds to a minute: :meth:`warm` compiles the first before any
-    request comes)."""
+    ``compile``: completions' decoding step compiled, one graph per layout of the batch (True:
+    each compiles at its first step, seconds to a minute, :meth:`warm` compiling the first before
+    any request comes; ``"auto"``: a layout decodes eagerly until its step is on the disk, asked
+    of ``precompile``, :class:`~attnkit.generation.continuous.ContinuousBatch`)."""
 
     def __init__(
-        self, model: Model, metrics: Metrics, max_batch: int = 32, max_queue: int = 256, compile: bool = False
+        self,
+        model: Model,
+        metrics: Metrics,
+        max_batch: int = 32,
+        max_queue: int = 256,
+        compile: bool | Literal["auto"] = False,
+        precompile: Callable[[int, int], None] | None = None,
     ) -> None:
-        self.model, self.metrics, self.compile = model, metrics, compile
+        self.model, self.metrics, self.compile, self.precompile = model, metrics, compile, precompile
         self.max_batch, self.max_queue = max_batch, max_queue
         self.jobs: queue.Queue[Job] = queue.Queue()
         self.waiting: list[Job] = []  # taken from the queue, not yet in the batch
@@ -80,7 +87,7 @@ class Engine:
         self.batch = (
             None
             if model.config.is_encoder_decoder or model.config.family == "bert"
-            else ContinuousBatch(model, compile=compile)
+            else ContinuousBatch(model, compile, precompile)
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -98,7 +105,7 @@ class Engine:
     def warm(self) -> None:
         """Compile the step of a one-row batch now (where completions are compiled), on the
         calling thread: the first request then does not wait for it."""
-        if self.batch is None or not self.compile:
+        if self.batch is None or self.compile is not True:
             return
         with torch.no_grad():
             self.batch.add([Request([self.model.config.bos_token_id or 0], 2)])
@@ -145,7 +152,7 @@ class Engine:
         self.running.clear()
         self.waiting = []
         if self.batch is not None:
-            self.batch = ContinuousBatch(self.model, compile=self.compile)
+            self.batch = ContinuousBatch(self.model, self.compile, self.precompile)
         for job in jobs:
             job.emit("error", "the model loop failed on this request; see the server's log")
 

@@ -10,6 +10,10 @@
   traced from and loaded by another process (a torn or foreign file compiled again); it reads
   the weights at every call, so changed weights and two models of one structure decode their
   own tokens; a module's attribute changed makes another step.
+* ``compile="auto"`` (the default) decodes eagerly until the eager seconds of a layout reach the
+  cost of readying its step (a load where its file is kept, a compile where not), then moves the
+  cache into the step's fixed layout and decodes the eager tokens on; a shorter job compiles
+  nothing.
 * Beam search, reordering and a prompt longer than the fixed cache are refused in one line.
 """
 
@@ -380,9 +384,75 @@ def test_a_step_is_kept_under_a_key_of_everything_it_was_traced_from(monkeypatch
     )
 
 
+@pytest.fixture
+def auto(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """compile="auto" on (the suite turns it off), with a compile cache of the test's own."""
+    monkeypatch.setenv("ATTNKIT_AUTO_COMPILE", "1")
+    monkeypatch.setenv("ATTNKIT_COMPILE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+
+
+def prices(monkeypatch: pytest.MonkeyPatch, load: float, compile: float) -> None:
+    monkeypatch.setattr(compiled, "LOAD_SECONDS", load)
+    monkeypatch.setattr(compiled, "COMPILE_SECONDS", compile)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_auto_moves_a_paid_for_decode_onto_the_step_and_decodes_the_eager_tokens(
+    name: str, tmp_path: Path, auto: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = model_for(name, tmp_path)
+    ids, mask = inputs(model)
+    # No row ends early (eager decoding would drop it, and move fewer rows onto the step).
+    options = {
+        "max_new_tokens": STEPS,
+        "bad_words_ids": [] if model.config.eos_token_id is None else [[model.config.eos_token_id]],
+    }
+    eager = model.generate(ids, mask, **options, compile=False)
+    prices(monkeypatch, 1e-9, 1e-9)  # due after the first eager step: the cache moves mid-decode
+    before = len(compiled.COMPILES)
+    assert torch.equal(model.generate(ids, mask, **options), eager)
+    assert len(compiled.COMPILES) == before + 1 and not compiled.COMPILES[-1].loaded
+    (account,) = model.__dict__["_compiled_steps"].accounts.values()
+    assert account.looked and 0 < account.paid < 1, account
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert torch.equal(model.generate(ids, mask, **options), eager)  # compiled at once
+    assert len(compiled.COMPILES) == before + 1 and torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
+def test_auto_compiles_nothing_for_a_job_shorter_than_a_load(auto: None) -> None:
+    model = copy_of(shared_model("gpt-tiny"))
+    ids = random_ids(1, (2, 5), model.config.vocab_size)
+    before, graphs = len(compiled.COMPILES), torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert torch.equal(model.generate(ids, max_new_tokens=8), model.generate(ids, max_new_tokens=8, compile=False))
+    assert len(compiled.COMPILES) == before and torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+    (account,) = model.__dict__["_compiled_steps"].accounts.values()
+    assert 0 < account.paid < compiled.LOAD_SECONDS and not account.looked
+
+
+def test_auto_loads_a_kept_step_for_the_price_of_a_load_and_compiles_only_for_the_price_of_a_compile(
+    auto: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = copy_of(shared_model("gpt-tiny"))
+    ids = random_ids(1, (1, 5), model.config.vocab_size)
+    eager = model.generate(ids, max_new_tokens=10, compile=False)
+    prices(monkeypatch, 1e-9, 1e9)
+    before = len(compiled.COMPILES)
+    assert torch.equal(model.generate(ids, max_new_tokens=10), eager)
+    (account,) = model.__dict__["_compiled_steps"].accounts.values()
+    assert len(compiled.COMPILES) == before and account.looked and not account.path.is_file()  # nothing kept
+    assert torch.equal(model.generate(ids, max_new_tokens=10, compile=True), eager)  # compiled and kept
+    assert account.path.is_file() and len(compiled.COMPILES) == before + 1
+    other = copy_of(model)
+    assert torch.equal(other.generate(ids, max_new_tokens=10), eager)
+    assert len(compiled.COMPILES) == before + 2 and compiled.COMPILES[-1].loaded
+
+
 def test_compile_refusals() -> None:
     model = shared_model("gpt-tiny")
     ids = random_ids(1, (2, 5), model.config.vocab_size)
+    with pytest.raises(ValueError, match="compile must be True, False or 'auto', got 'yes'"):
+        model.generate(ids, compile="yes")
     with pytest.raises(ValueError, match=r"beam search \(num_beams=4\) reorders its rows every step and runs eagerly"):
         model.generate(ids, num_beams=4, compile=True)
     incremental = IncrementalModel(model, ids, None, max_new_tokens=4, compile=True)
