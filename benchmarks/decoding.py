@@ -151,8 +151,8 @@ def _default_paths(path: Path, ids: torch.Tensor, limit: int = 40) -> tuple[dict
     """The default path's calls (``from_pretrained(path, weights=...).generate(ids)``, each its
     own model): ``compile="auto"`` decodes eagerly until a load's worth of seconds is paid, then
     loads the step the compiled rows kept. Each is called until it has moved onto its step (at
-    most ``limit`` calls) before the timed rounds; those calls' seconds, and the first call of a
-    new process (its imports and load included), are returned beside the calls."""
+    most ``limit`` calls) before the timed rounds; those calls' seconds, and a new process's
+    load and first call, are returned beside the calls."""
     from attnkit.generation.compiled import COMPILES
 
     calls, report = {}, {}
@@ -171,7 +171,7 @@ def _default_paths(path: Path, ids: torch.Tensor, limit: int = 40) -> tuple[dict
             "step": None
             if moved is None
             else ("loaded" if moved.loaded else "compiled") + f" in {moved.seconds:.2f} s",
-            "first_call_of_a_new_process_s": _first_call(path, weights, ids),
+            **_first_call(path, weights, ids),
         }
         calls[name] = lambda m=model: m.generate(ids, max_new_tokens=NEW)
     return calls, report
@@ -181,17 +181,20 @@ _FIRST_CALL = """import sys, time
 start = time.perf_counter()
 import torch, attnkit
 model = attnkit.from_pretrained(sys.argv[1], weights=sys.argv[2])
+loaded = time.perf_counter()
 model.generate(torch.tensor([[int(t) for t in sys.argv[3].split(",")]]), max_new_tokens=int(sys.argv[4]))
-print(time.perf_counter() - start)
+print(loaded - start, time.perf_counter() - loaded)
 """
 
 
-def _first_call(path: Path, weights: str, ids: torch.Tensor) -> float:
-    """Seconds from a new process's start to the end of its first default-path decode."""
+def _first_call(path: Path, weights: str, ids: torch.Tensor) -> dict[str, float]:
+    """A new process's seconds to import attnkit and load the model (``weights="auto"``: with
+    its check), then its first default-path decode's."""
     prompt = ",".join(map(str, ids[0].tolist()))
     done = subprocess.run([sys.executable, "-c", _FIRST_CALL, str(path), weights, prompt, str(NEW)],
                           capture_output=True, text=True, check=True)  # fmt: skip
-    return float(done.stdout.split()[-1])
+    load, call = map(float, done.stdout.split()[-2:])
+    return {"new_process_import_and_load_s": load, "new_process_first_call_s": call}
 
 
 def _floors(

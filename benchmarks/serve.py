@@ -4,7 +4,11 @@ against the same requests made one at a time through ``model.generate``.
 Every request is a greedy completion of one Bible verse's opening words, ``max_tokens`` new
 tokens. The server runs in its own process (2 threads), the clients in this one (asyncio +
 httpx, mostly waiting); the sequential baseline runs in this process once the server is gone.
-Reported: requests/s, generated tokens/s, p50/p99 latency, and tokens/s against the baseline's.
+Reported: requests/s, generated tokens/s, p50/p99 latency, and tokens/s against the baseline's;
+the seconds from the server's start to its first answer, and its peak RSS. ``step``: the
+server's decoding step as it runs by default (``auto``: each batch layout eager until its step,
+compiled by a background process, is in the compile cache), ``compiled`` (``--compile``: each
+layout compiled at its first step, which the timings then include) or ``eager``.
 """
 
 from __future__ import annotations
@@ -81,28 +85,40 @@ async def _load(url: str, prompts: list[str], clients: int, max_tokens: int) -> 
     return _summary(len(prompts), tokens, seconds, latencies)
 
 
+STEPS = {"auto": [], "compiled": ["--compile"], "eager": ["--no-compile"]}
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """A process's peak resident memory so far (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise ValueError(f"no VmHWM for process {pid}")
+
+
 def run(
-    directory: Path, max_tokens: int = 32, weights: str = "fp32", small: bool = False, compile: bool = False
+    directory: Path, max_tokens: int = 32, weights: str = "fp32", small: bool = False, step: str = "auto"
 ) -> dict[str, Any]:
-    """The table's numbers: per client count, the server's; and the sequential baseline's (the
-    server's step compiled with ``compile``, else eager)."""
+    """The table's numbers: per client count, the server's; the sequential baseline's; the
+    server's first answer and peak RSS."""
     from attnkit.serve.server import spawn
 
     count = 8 if small else 64
     prompts = _prompts(count)
     served: dict[int, dict[str, float]] = {}
-    flags = ["--weights", weights, "--max-batch", "32", "--max-new-tokens", str(max_tokens)]
-    with spawn(directory, *flags, "--compile" if compile else "--no-compile") as (
-        url,
-        _,
-        _,
-    ):
+    flags = ["--weights", weights, "--max-batch", "32", "--max-new-tokens", str(max_tokens), *STEPS[step]]
+    started = time.perf_counter()
+    with spawn(directory, *flags, timeout=600) as (url, process, _):
+        asyncio.run(_load(url, prompts[:1], 1, max_tokens))
+        first_answer = time.perf_counter() - started
         asyncio.run(_load(url, prompts[:4], 4, max_tokens))  # warm-up
         for clients in CLIENTS:  # one client (as slow as the baseline) gets a quarter of the requests
             share = prompts[: count // 4] if clients == 1 else prompts
             served[clients] = asyncio.run(_load(url, share, clients, max_tokens))
+        peak = _peak_rss_mb(process.pid)
     baseline = sequential(directory, prompts[: count // 4], max_tokens, weights)
-    return {"model": str(directory), "weights": weights, "max_tokens": max_tokens, "sequential": baseline,
+    return {"model": str(directory), "weights": weights, "max_tokens": max_tokens, "step": step,
+            "first_answer_s": first_answer, "peak_rss_mb": peak, "sequential": baseline,
             "served": served}  # fmt: skip
 
 
@@ -110,7 +126,8 @@ def table(result: dict[str, Any]) -> str:
     base = result["sequential"]
     lines = [
         f"### attnkit serve vs one request at a time through generate ({result['model']}, {result['weights']}, "
-        f"greedy, {result['max_tokens']} new tokens a request)",
+        f"greedy, {result['max_tokens']} new tokens a request, step {result['step']}: first answer "
+        f"{result['first_answer_s']:.1f} s after the start, peak RSS {result['peak_rss_mb']:,.0f} MB)",
         "",
         "| clients | requests | requests/s | tokens/s | p50 latency s | p99 latency s | tokens/s vs sequential |",
         "|---|---|---|---|---|---|---|",

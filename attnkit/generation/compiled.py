@@ -54,8 +54,18 @@ log = logging.getLogger(__name__)
 
 # Kernels chosen by measuring them.
 MODE = "max-autotune-no-cudagraphs"
-# The autotuner writes a table of every kernel it timed to stderr: not a user's business.
-PATCHES = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+# The autotuner writes a table of every kernel it timed to stderr: not a user's business. With the
+# weights as the graph's inputs (370 of them in GPT-2 int8's step), inductor's Python wrapper
+# around the kernels cost 1.5 ms of a 7.8 ms token: its C++ wrapper instead (cpp_wrapper), and no
+# size and stride asserts on every input at every call (attnkit's key has chosen the step by
+# exactly those layouts). GPT-2 int8 in one process: 121 tok/s with both, 134 without the asserts,
+# 180 with the C++ wrapper too (docs/performance.md).
+PATCHES = {
+    "autotune_num_choices_displayed": 0,
+    "max_autotune_report_choices_stats": False,
+    "size_asserts": False,
+    "cpp_wrapper": True,
+}
 SMALLEST = 64  # the smallest cache capacity
 # What readying a step costs, for compile="auto" (measured on GPT-2 124M int8 and SmolLM2-135M,
 # 2-core Intel Xeon; docs/performance.md): loading it from the disk 2.3-3.3 s, compiling it 14-62 s.
