@@ -32,16 +32,30 @@ def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
     format this machine cannot run fast gives the fastest it can, with a line in the log.
     ``"auto"``: the fastest format on this machine for the model's job (a decoder-only model's
     decoding, an encoder–decoder's batched translation) that passes the model's check
-    (:mod:`attnkit.models.auto`; what it chose and why is logged)."""
+    (:mod:`attnkit.models.auto`; what it chose and why is logged). The model remembers where it
+    came from and how (:func:`source`): a background process loads it the same way to compile its
+    decoding steps (:mod:`attnkit.generation.background`)."""
     if weights not in ("auto", *WEIGHT_FORMATS):
         raise ValueError(f"weights={weights!r} is not a weight format; use one of auto, {', '.join(WEIGHT_FORMATS)}")
     if weights == "auto":
         model, choice = load_auto(path)
         log.info("weights='auto': %s (%s)", choice.weights, choice.reason)
         return model
-    weights = format_for(weights, torch.device("cpu"))
-    model = _load(Path(path), keep_blocks=weights == "gguf")
-    return model if weights in ("fp32", "gguf") else to_format(model, weights)
+    fmt = format_for(weights, torch.device("cpu"))
+    model = _load(Path(path), keep_blocks=fmt == "gguf")
+    model = model if fmt in ("fp32", "gguf") else to_format(model, fmt)
+    return _remember(model, path, weights)
+
+
+def source(model: Model) -> tuple[str, str] | None:
+    """Where ``model`` was loaded from and with which ``weights`` (as asked: ``"auto"`` chooses
+    alike again), if :func:`from_pretrained` or :func:`load_auto` loaded it."""
+    return model.__dict__.get("_loaded_from")
+
+
+def _remember(model: Model, path: str | Path, weights: str) -> Model:
+    model.__dict__["_loaded_from"] = (str(Path(path).resolve()), weights)  # not a module attribute: not in its key
+    return model
 
 
 def load_auto(path: str | Path, job: Job | None = None) -> tuple[Model, Choice]:
@@ -50,7 +64,11 @@ def load_auto(path: str | Path, job: Job | None = None) -> tuple[Model, Choice]:
     read as fp32 and chosen for like any model: its own 4-bit blocks are what made SmolLM2's
     chat answer wrong (:mod:`attnkit.models.auto`)."""
     model = _load(Path(path))
-    return choose(model, job or ("translate" if model.config.is_encoder_decoder else "decode"))
+    default = "translate" if model.config.is_encoder_decoder else "decode"
+    chosen, choice = choose(model, job or default)
+    if (job or default) == default:  # from_pretrained(path, "auto") chooses alike
+        _remember(chosen, path, "auto")
+    return chosen, choice
 
 
 def _load(directory: Path, keep_blocks: bool = False) -> Model:

@@ -181,6 +181,21 @@ def keep_freed_memory(threshold: int = 256 * 2**20) -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, 2 * threshold))
 
 
+def release_freed_memory() -> bool:
+    """Hand the blocks malloc keeps free back to the kernel, once (glibc's ``malloc_trim``);
+    returns whether it could (False off glibc). For the end of a load under
+    :func:`keep_freed_memory`: the load's transient copies (a GGUF file dequantised, a format's
+    check holding the model twice) would otherwise stay resident for the process's life
+    (SmolLM2 GGUF with ``--weights auto``: 2.65 GB resident after the load, 0.63 GB after this)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return bool(ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0))
+    except (OSError, AttributeError, TypeError):
+        return False
+
+
 COMPILE_CACHE_ENV = "ATTNKIT_COMPILE_CACHE"
 _set_here: set[str] = set()  # the cache directories this process chose for inductor
 

@@ -42,13 +42,15 @@ def load_model(directory: str, weights: str, job: str | None = None) -> Model:
     (:func:`attnkit.loading.load_auto`; :func:`say_choice` says what it chose and why)."""
     import attnkit
     from attnkit.loading import load_auto
-    from attnkit.machine import keep_freed_memory
+    from attnkit.machine import keep_freed_memory, release_freed_memory
 
     keep_freed_memory()  # this process decodes: reuse its large blocks (see keep_freed_memory)
     if weights != "auto":
-        return attnkit.from_pretrained(directory, weights=weights)
-    model, choice = load_auto(directory, job)  # type: ignore[arg-type]
-    model._weights_choice = f"weights auto: {choice.weights}, {choice.reason}"  # for say_choice
+        model = attnkit.from_pretrained(directory, weights=weights)
+    else:
+        model, choice = load_auto(directory, job)  # type: ignore[arg-type]
+        model._weights_choice = f"weights auto: {choice.weights}, {choice.reason}"  # for say_choice
+    release_freed_memory()  # what the load held for a while: not the decoding's to keep
     return model
 
 

@@ -76,9 +76,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _compile(asked: bool | None, model: object) -> bool | Literal["auto"]:
     """Whether completions decode compiled: as asked, else ``"auto"`` where inductor's C++
-    compiler is found (a line saying why not where it is not). Only decoder-only models decode
-    completions."""
-    from attnkit.generation.compiled import compiler
+    compiler is found (a line saying why not where it is not) and ``ATTNKIT_AUTO_COMPILE`` is not
+    0. Only decoder-only models decode completions."""
+    from attnkit.generation.compiled import auto_allowed, compiler
 
     config = model.config  # type: ignore[attr-defined]
     if config.is_encoder_decoder or config.family == "bert":
@@ -87,7 +87,7 @@ def _compile(asked: bool | None, model: object) -> bool | Literal["auto"]:
         print("no C++ compiler found (g++, or $CXX): completions decode eagerly; install g++ to compile them",
               file=sys.stderr)  # fmt: skip
         return False
-    return "auto" if asked is None else asked
+    return asked if asked is not None else "auto" if auto_allowed() else False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,7 +95,6 @@ def run(args: argparse.Namespace) -> int:
 
     from attnkit.cli.common import compiles_so_far, load_model, report_compiles, say_choice
     from attnkit.serve import Limits, create_app
-    from attnkit.serve.precompile import Precompiler
     from attnkit.serve.server import run as serve
 
     for flag in ("max_batch", "max_queue", "max_new_tokens", "max_input_tokens", "max_beams", "max_body_bytes"):
@@ -119,11 +118,7 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     name = args.name or Path(args.model).resolve().name
     compile = _compile(args.compile, model)
-    precompile = Precompiler(args.model, args.weights) if compile == "auto" else None
-    app = create_app(
-        model, name, limits, args.api_key, own_thread=False, allowed_origins=origins, compile=compile,
-        precompile=precompile,
-    )  # fmt: skip
+    app = create_app(model, name, limits, args.api_key, own_thread=False, allowed_origins=origins, compile=compile)
     if compile is True:
         print("compiling the decoding step for one request (later batch layouts compile at their first step)",
               file=sys.stderr)  # fmt: skip

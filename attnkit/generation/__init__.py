@@ -175,9 +175,11 @@ def generate(
     (:mod:`attnkit.generation.compiled`): the first call for a model and shape loads it from the
     disk (seconds) or compiles it (seconds to a minute, logged), later ones reuse it.
     ``"auto"`` (the default) decodes eagerly until the eager seconds of a shape reach what its
-    step would cost to load or compile, then moves onto it (decoder-only greedy and sampling, on
-    the CPU with a C++ compiler; everything else eagerly): a short job is never slower than eager.
-    ``False`` is always eager.
+    step costs to load, then moves onto it where it is in the compile cache; one that is not is
+    compiled by a background process for a model :func:`~attnkit.from_pretrained` loaded
+    (:mod:`attnkit.generation.background`), in this process for one built here once its eager
+    seconds reach a compile's (decoder-only greedy and sampling, on the CPU with a C++ compiler;
+    everything else eagerly): a short job is never slower than eager. ``False`` is always eager.
     """
     cfg = model.config
     tokenizer = getattr(model, "tokenizer", None) if tokenizer is None else tokenizer

@@ -23,13 +23,15 @@ structure (:func:`~attnkit.generation.stored.signature`, taken once per decode b
 weights changed in place decodes with its new ones, and two models of one structure share a
 step's file but each calls it with its own weights.
 
-Readying a step costs seconds (a load) to a minute (a compile), which a short decode never
-earns back. ``compile="auto"`` (the default of :func:`~attnkit.generation.generate`) decides as
-in the ski-rental problem: a layout decodes eagerly, its eager seconds counted in its
-:class:`Account`, until they reach what readying its step would cost (:data:`LOAD_SECONDS` when
-its file is on disk, :data:`COMPILE_SECONDS` when not); then the decode moves to the step. A job
-shorter than that is never slower than eager, and a longer one never costs more than twice its
-best (the eager seconds paid equal the price of the step).
+Readying a step costs seconds (a load) to minutes (a compile), which a short decode never earns
+back. ``compile="auto"`` (the default of :func:`~attnkit.generation.generate`) decides as in the
+ski-rental problem: a layout decodes eagerly, its eager seconds counted in its :class:`Account`,
+until they reach what loading its step costs (:data:`LOAD_SECONDS`); then, if the step is on the
+disk, the decode moves onto it. A job shorter than that is never slower than eager, and a longer
+one never costs more than twice its best. A step not on the disk is compiled by a background
+process for a model that knows its source (:mod:`attnkit.generation.background`), and picked up
+when its file appears; for a model built in this process, in this process once the eager
+seconds reach :data:`COMPILE_SECONDS`.
 """
 
 from __future__ import annotations
@@ -67,8 +69,8 @@ PATCHES = {
     "cpp_wrapper": True,
 }
 SMALLEST = 64  # the smallest cache capacity
-# What readying a step costs, for compile="auto" (measured on GPT-2 124M int8 and SmolLM2-135M,
-# 2-core Intel Xeon; docs/performance.md): loading it from the disk 2.3-3.3 s, compiling it 14-62 s.
+# What readying a step costs, for compile="auto" (measured on GPT-2 124M int8, 2-core Intel Xeon;
+# docs/performance.md): loading it from the disk 1.5-3.3 s in a new process, compiling it 14-45 s.
 LOAD_SECONDS = 3.0
 COMPILE_SECONDS = 30.0
 
@@ -85,18 +87,21 @@ class Compile:
 
 @dataclass
 class Account:
-    """One layout's decoding under ``compile="auto"``: the eager seconds it has paid, and where its
-    step would be kept (known at the first look, when they reach :data:`LOAD_SECONDS`)."""
+    """One layout's decoding under ``compile="auto"``: the eager seconds it has paid, where its
+    step would be kept (known at the first look, when they reach :data:`LOAD_SECONDS`), and
+    whether a background process was asked to compile it (:mod:`attnkit.generation.background`)."""
 
     paid: float = 0.0
     path: Path | None = None
     looked: bool = False
+    background: bool = False
 
     def due(self) -> bool:
         """Whether the eager seconds paid reach what readying the step costs: a load where its file
-        is on disk (a stat), a compile where not."""
-        kept = self.path is not None and self.path.is_file()
-        return self.paid >= (LOAD_SECONDS if kept else COMPILE_SECONDS)
+        is on disk (a stat); a compile where not, unless it is being compiled in the background."""
+        if self.path is not None and self.path.is_file():
+            return self.paid >= LOAD_SECONDS
+        return not self.background and self.paid >= COMPILE_SECONDS
 
 
 COMPILES: list[Compile] = []
@@ -175,11 +180,17 @@ def _key(fn: Callable[..., Tensor], model: nn.Module, args: tuple[Any, ...]) -> 
     return (fn, model.__dict__.get("_step_signature"), tuple(_shape(a) for a in args))
 
 
+def auto_allowed() -> bool:
+    """Whether ``compile="auto"`` may compile at all in this process (``ATTNKIT_AUTO_COMPILE=0``:
+    it stays eager)."""
+    return os.environ.get("ATTNKIT_AUTO_COMPILE", "1") != "0"
+
+
 def can_compile(model: nn.Module) -> bool:
     """Whether ``compile="auto"`` may compile ``model``'s steps: in inference mode (no dropout), on
     the CPU (the steps' settings are the CPU's), with a C++ compiler for inductor, and not turned
     off for the process (``ATTNKIT_AUTO_COMPILE=0``: the test suite's setting)."""
-    if os.environ.get("ATTNKIT_AUTO_COMPILE", "1") == "0":
+    if not auto_allowed():
         return False
     on_cpu = all(t.device.type == "cpu" for t in model.parameters())
     return on_cpu and not dropout_on(model) and compiler() is not None

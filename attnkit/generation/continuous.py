@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from attnkit.generation import compiled
+from attnkit.generation import background, compiled
 from attnkit.generation.batches import pad_left
 from attnkit.generation.batches import positions as row_positions
 from attnkit.generation.greedy import argmax
@@ -103,16 +103,16 @@ class ContinuousBatch:
     dropped.
 
     ``compile="auto"``: a layout whose step is neither in memory nor kept on the disk decodes
-    eagerly (on its fixed buffers), and its step is asked of ``precompile(rows, capacity)``
-    once (a server compiles it in another process, :mod:`attnkit.serve.precompile`); a step
-    that appears on the disk (checked by a stat per step) is loaded and used from then on. No
-    step ever waits on a compile."""
+    eagerly (on its fixed buffers), and its step is asked once of ``precompile("batch", rows,
+    capacity)`` (default: the model's background compiler,
+    :func:`attnkit.generation.background.for_model`); a step that appears on the disk (checked
+    by a stat per step) is loaded and used from then on. No step ever waits on a compile."""
 
     def __init__(
         self,
         model: DecoderOnlyModel,
         compile: bool | Literal["auto"] = False,
-        precompile: Callable[[int, int], None] | None = None,
+        precompile: Callable[[str, int, int], None] | None = None,
     ) -> None:
         if model.config.is_encoder_decoder:
             raise ValueError("continuous batching decodes decoder-only (GPT-family) models")
@@ -222,15 +222,16 @@ class ContinuousBatch:
         layout = (self.model.__dict__.get("_step_signature"), len(self.rows), self.cache.capacity)
         if layout not in self._kept:
             path = self._kept[layout] = compiled.kept_at(decoder_only_step, self.model, *args)
-            if path is not None and not path.is_file() and self.precompile is not None:
-                self.precompile(*layout[1:])
+            asked = self.precompile or background.for_model(self.model)
+            if path is not None and not path.is_file() and asked is not None:
+                asked("batch", *layout[1:])
         path = self._kept[layout]
         return path is not None and path.is_file()
 
     def prepare(self, rows: int, capacity: int) -> None:
         """Ready the step of the layout of ``rows`` rows and ``capacity`` positions (with
         ``compile=True``: load it, or compile and keep it), by one request's step in a batch laid
-        out so: a server's background compile (:mod:`attnkit.serve.precompile`)."""
+        out so: a background compile (:mod:`attnkit.generation.background`)."""
         if rows != compiled.bucket(rows, least=1) or capacity - HEADROOM < 1:
             raise ValueError(f"no continuous batch is laid out as {rows} rows of {capacity} positions")
         self._layout(rows, capacity - HEADROOM)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.config import ModelConfig
-from attnkit.generation import compiled, stored
+from attnkit.generation import background, compiled, stored
 from attnkit.generation.batches import positions
 from attnkit.models.core import DecoderOnlyModel, EncoderDecoderModel, Model
 from attnkit.nn import padding_mask
@@ -166,7 +166,12 @@ class IncrementalModel:
             self.account.looked = True
             moved = self._moved()
             tokens = torch.empty_like(self.next_position)  # (N, 1), as a step's tokens
-            self.account.path = compiled.kept_at(decoder_only_step, self.model, tokens, *moved, self.next_position)
+            path = compiled.kept_at(decoder_only_step, self.model, tokens, *moved, self.next_position)
+            asked = background.for_model(self.model)
+            if path is not None and not path.is_file() and asked is not None:
+                asked("generate", tokens.shape[0], moved[0].capacity, moved[1] is not None)
+                self.account.background = True
+            self.account.path = path
         if self.account.due():
             self.cache, self.key_mask = moved or self._moved()
             self.compiled, self.account = True, None
@@ -223,6 +228,19 @@ class IncrementalModel:
             self.next_position = self.next_position.index_select(0, index)
             if self.key_mask is not None:
                 self.key_mask = self.key_mask.index_select(0, index)
+
+
+def prepare(model: DecoderOnlyModel, rows: int, capacity: int, masked: bool) -> None:
+    """Ready (load, or compile and keep) the compiled step of a one-path decode of ``rows`` rows
+    over a cache of ``capacity`` positions, with a key mask (padded prompts) or not, by decoding
+    one step of that layout: a background compile (:mod:`attnkit.generation.background`)."""
+    if capacity != compiled.bucket(capacity, model.config.max_len):
+        raise ValueError(f"no decode has a cache of {capacity} positions; capacities are powers of two or the context")
+    ids = torch.full((rows, 2), model.config.bos_token_id or 0, dtype=torch.long)
+    mask = torch.ones_like(ids)
+    mask[0, 0] = 0 if masked else 1  # a left-padded row: the step reads a key mask
+    incremental = IncrementalModel(model, ids, mask, max_new_tokens=capacity - 1, compile=True)
+    incremental.step(incremental.start().argmax(-1))
 
 
 def _pad_source(ids: Tensor, mask: Tensor | None, config: ModelConfig) -> tuple[Tensor, Tensor]:

@@ -15,7 +15,7 @@ runs on the :class:`~attnkit.serve.engine.Engine` thread; handlers only check, t
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Literal
 
@@ -50,18 +50,16 @@ def create_app(
     own_thread: bool = True,
     allowed_origins: Sequence[str] = (),
     compile: bool | Literal["auto"] = False,
-    precompile: Callable[[int, int], None] | None = None,
 ) -> Starlette:
     """The app serving ``model`` (in eval mode, with its tokenizer) under ``name``. The model
     loop (:class:`~attnkit.serve.engine.Engine`) starts on a thread of its own with the app
     and stops with it; ``own_thread=False``: the caller runs ``app.state.attnkit.engine.run()``
     on a thread of its choosing (the app only stops it). ``allowed_origins``: the web origins
     whose pages may call the API (CORS; none by default, ``"*"`` for any). ``compile``: completions
-    decode through a compiled step, ``"auto"`` once it is ready, asked of ``precompile``
-    (:class:`~attnkit.serve.engine.Engine`)."""
+    decode through a compiled step, ``"auto"`` once it is ready (:class:`~attnkit.serve.engine.Engine`)."""
     limits = Limits() if limits is None else limits
     metrics = Metrics()
-    engine = Engine(model.eval(), metrics, limits.max_batch, limits.max_queue, compile, precompile)
+    engine = Engine(model.eval(), metrics, limits.max_batch, limits.max_queue, compile)
     state = State(model, name, engine, metrics, limits, api_key, created=int(time.time()))
     routes = [route for api in APIS for route in api(state).routes()]
 

@@ -67,8 +67,8 @@ class Engine:
     """The model thread. ``max_batch``: rows decoded together; ``max_queue``: jobs waiting;
     ``compile``: completions' decoding step compiled, one graph per layout of the batch (True:
     each compiles at its first step, seconds to a minute, :meth:`warm` compiling the first before
-    any request comes; ``"auto"``: a layout decodes eagerly until its step is on the disk, asked
-    of ``precompile``, :class:`~attnkit.generation.continuous.ContinuousBatch`)."""
+    any request comes; ``"auto"``: a layout decodes eagerly until its step, compiled in the
+    background, is on the disk, :class:`~attnkit.generation.continuous.ContinuousBatch`)."""
 
     def __init__(
         self,
@@ -77,9 +77,8 @@ class Engine:
         max_batch: int = 32,
         max_queue: int = 256,
         compile: bool | Literal["auto"] = False,
-        precompile: Callable[[int, int], None] | None = None,
     ) -> None:
-        self.model, self.metrics, self.compile, self.precompile = model, metrics, compile, precompile
+        self.model, self.metrics, self.compile = model, metrics, compile
         self.max_batch, self.max_queue = max_batch, max_queue
         self.jobs: queue.Queue[Job] = queue.Queue()
         self.waiting: list[Job] = []  # taken from the queue, not yet in the batch
@@ -87,7 +86,7 @@ class Engine:
         self.batch = (
             None
             if model.config.is_encoder_decoder or model.config.family == "bert"
-            else ContinuousBatch(model, compile, precompile)
+            else ContinuousBatch(model, compile)
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -152,7 +151,7 @@ class Engine:
         self.running.clear()
         self.waiting = []
         if self.batch is not None:
-            self.batch = ContinuousBatch(self.model, self.compile, self.precompile)
+            self.batch = ContinuousBatch(self.model, self.compile)
         for job in jobs:
             job.emit("error", "the model loop failed on this request; see the server's log")
 

@@ -40,7 +40,7 @@ from torch.testing import assert_close
 
 import attnkit
 from attnkit import kernels
-from attnkit.generation import compiled
+from attnkit.generation import background, compiled
 from attnkit.generation.continuous import ContinuousBatch, Request
 from attnkit.generation.incremental import IncrementalModel, decoder_only_step
 from attnkit.kernels import gemm
@@ -322,7 +322,7 @@ SECOND_PROCESS = """
 import sys, torch
 from torch._dynamo.utils import counters
 import attnkit
-from attnkit.generation import compiled
+from attnkit.generation import background, compiled
 from attnkit.models.weights import to_format
 compiled.MODE = "default"
 torch.manual_seed(int(sys.argv[1]))
@@ -402,6 +402,7 @@ def test_auto_moves_a_paid_for_decode_onto_the_step_and_decodes_the_eager_tokens
     name: str, tmp_path: Path, auto: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = model_for(name, tmp_path)
+    monkeypatch.setattr(background, "for_model", lambda model: None)  # as a model built here: compiled here
     ids, mask = inputs(model)
     # No row ends early (eager decoding would drop it, and move fewer rows onto the step).
     options = {

@@ -68,7 +68,9 @@ def test_save_load_round_trip_is_bit_exact(tmp_path: Path, name: str) -> None:
     torch.manual_seed(0)
     model = build_model(name).eval()
     model.save_pretrained(tmp_path / "m")
-    loaded = attnkit.from_pretrained(tmp_path / "m")
+    initialisers = dict(vars(torch.nn.init))
+    loaded = attnkit.from_pretrained(tmp_path / "m")  # built without drawing random weights, then filled
+    assert dict(vars(torch.nn.init)) == initialisers, "torch.nn.init left patched"
     assert loaded.config == model.config
     for (a, p), (b, q) in zip(model.named_parameters(), loaded.named_parameters(), strict=True):
         assert a == b and torch.equal(p, q), a

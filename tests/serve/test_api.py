@@ -455,8 +455,11 @@ def test_serve_compiles_completions_where_a_compiler_is_found(
 ) -> None:
     from attnkit.cli.serve import _compile
 
-    monkeypatch.setenv("CXX", "/bin/true")  # a compiler is found: compiled unless told not to
-    assert _compile(None, gpt) and _compile(True, gpt) and not _compile(False, gpt)
+    monkeypatch.setenv("CXX", "/bin/true")  # a compiler is found: compiled in the background unless told not to
+    monkeypatch.setenv("ATTNKIT_AUTO_COMPILE", "1")
+    assert _compile(None, gpt) == "auto" and _compile(True, gpt) is True and _compile(False, gpt) is False
+    monkeypatch.setenv("ATTNKIT_AUTO_COMPILE", "0")  # the suite's: "auto" is eager
+    assert _compile(None, gpt) is False and _compile(True, gpt) is True
     assert not _compile(None, translator) and not _compile(True, translator)  # no completions to compile
     monkeypatch.setenv("CXX", "no-such-compiler-here")
     assert not _compile(None, gpt)

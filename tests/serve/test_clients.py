@@ -35,8 +35,10 @@ def smollm2(smollm2_gguf: Path) -> Model:
 
 @pytest.fixture(scope="module")
 def chat_server(smollm2_gguf: Path) -> Iterator[str]:
-    # fp32, as the library's model it is compared with (the command's default, auto, would be int8)
-    with spawn(smollm2_gguf, "--name", "smollm2", "--no-compile", "--weights", "fp32", threads=1) as (url, _, _):
+    # fp32, as the library's model it is compared with (the command's default, auto, would be int8); the
+    # server's default flags, its step kept eager by the suite's ATTNKIT_AUTO_COMPILE=0 (a background compile of
+    # SmolLM2 takes minutes)
+    with spawn(smollm2_gguf, "--name", "smollm2", "--weights", "fp32", threads=1) as (url, _, _):
         yield url
 
 
