@@ -525,8 +525,19 @@ def test_chat_compiled_replies_as_eager_and_reports_each_compile(
     assert main([*argv, "--compile"]) == 0
     captured = capsys.readouterr()
     assert captured.out.splitlines() == eager
-    reported = [line for line in captured.err.splitlines() if line.startswith("compiled the decoding step (")]
-    assert len(reported) == len(compiled.COMPILES) - before >= 1  # each compile once, after the reply it served
+    reported = [line for line in captured.err.splitlines() if line.startswith(("compiled the ", "loaded the "))]
+    assert len(reported) == len(compiled.COMPILES) - before >= 1  # each step once, after the reply it served
+
+
+@pytest.mark.parametrize("command", ["generate", "translate", "chat"])
+def test_the_compile_flags_are_auto_by_default_and_on_or_off_when_given(command: str) -> None:
+    from attnkit.cli import build_parser
+    from attnkit.cli.common import compile_option
+
+    parser = build_parser()
+    flags = ([], ["--compile"], ["--no-compile"])
+    chosen = [compile_option(parser.parse_args([command, "--model", "m", *flag])) for flag in flags]
+    assert chosen == ["auto", True, False]
 
 
 @pytest.mark.slow
@@ -545,6 +556,6 @@ def test_compile_prints_what_eager_decoding_prints_and_the_compile_time(
         assert main([*argv, "--compile"]) == 0
         captured = capsys.readouterr()
         assert captured.out.splitlines() == eager
-        assert "compiled the decoding step (" in captured.err and captured.err.rstrip().endswith(" s")
+        assert "the decoding step (" in captured.err and captured.err.rstrip().endswith(" s")  # compiled or loaded
     line = one_line_error(capsys, ["translate", "--model", str(mt_dir), "--compile", "hello"])
     assert "--compile compiles the one-path step (greedy or sampling); beam search (--num-beams 4)" in line
