@@ -224,10 +224,9 @@ def compile_cache() -> str | None:
     import tempfile
 
     import torch
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if current not in (None, os.path.abspath(default_cache_dir()), *_set_here):
+    if current not in (None, *_set_here) and current != _inductor_default():
         return None
     capability = os.environ.get("ATEN_CPU_CAPABILITY", "")
     cpu = cpu_identity()
@@ -251,6 +250,14 @@ def compile_cache() -> str | None:
     _set_here.add(path)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
     return path
+
+
+def _inductor_default() -> str:
+    """inductor's own default cache directory (importing inductor for it takes a second: only
+    where ``TORCHINDUCTOR_CACHE_DIR`` is set and must be compared with it)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.path.abspath(default_cache_dir())
 
 
 def machine() -> dict[str, object]:

@@ -215,7 +215,9 @@ def kept_at(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Path | N
 def _where(fn: Callable[..., Tensor], model: nn.Module, args: tuple[Any, ...]) -> tuple[Path | None, str]:
     """The step's file (None: no directory) and its description (the file's head)."""
     directory = compile_cache() or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    description = stored.describe(fn, model, args, {**torch._inductor.list_mode_options(MODE), **PATCHES})
+    # The mode by name, not its options: naming them imports inductor (1 s, on a first request's
+    # path), and what a mode means is torch's version's, which the key holds.
+    description = stored.describe(fn, model, args, {"mode": MODE, **PATCHES})
     return None if directory is None else stored.path_for(directory, description), description
 
 

@@ -51,10 +51,24 @@ _LAYER = re.compile(r"^blk\.(\d+)\.")
 def _reader(path: Path) -> Any:
     from gguf import GGUFReader  # the gguf extra; the CLI turns its absence into one line
 
+    class Reader(GGUFReader):
+        """``gguf``'s reader over the file's map as a plain array: the reader takes a view of it
+        for every part of every field (SmolLM2's 49k tokens and merges: 1.2 million views), and
+        a ``np.memmap`` view runs Python code of numpy's for each (2.1-2.3 s to open the file,
+        against 0.7 s as a plain array over the same map; the same fields and tensors)."""
+
+        @property
+        def data(self) -> np.ndarray:
+            return self._data
+
+        @data.setter
+        def data(self, value: np.ndarray) -> None:
+            self._data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
     if not path.is_file():
         raise FileNotFoundError(f"{path} is not a file")
     try:
-        return GGUFReader(str(path))
+        return Reader(str(path))
     except (ValueError, OSError, KeyError, IndexError) as err:
         raise ValueError(f"{path} is not a readable GGUF file ({err})") from None
 
