@@ -17,7 +17,7 @@ import torch
 from attnkit.interop.hf import load_hf
 from attnkit.models import Model, load_saved
 from attnkit.models.auto import Choice, Job, choose
-from attnkit.models.io import CONFIG, FORMAT, read_json, refuse_pickles
+from attnkit.models.io import CONFIG, FORMAT, read_json, refuse_pickles, remember_source
 from attnkit.models.weights import WEIGHT_FORMATS, format_for, to_format
 from attnkit.training.checkpoint import CHECKPOINTS, run_model
 
@@ -33,7 +33,7 @@ def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
     ``"auto"``: the fastest format on this machine for the model's job (a decoder-only model's
     decoding, an encoder–decoder's batched translation) that passes the model's check
     (:mod:`attnkit.models.auto`; what it chose and why is logged). The model remembers where it
-    came from and how (:func:`source`): a background process loads it the same way to compile its
+    came from and how (:func:`attnkit.models.io.source`): a background process loads it the same way to compile its
     decoding steps (:mod:`attnkit.generation.background`)."""
     if weights not in ("auto", *WEIGHT_FORMATS):
         raise ValueError(f"weights={weights!r} is not a weight format; use one of auto, {', '.join(WEIGHT_FORMATS)}")
@@ -44,17 +44,7 @@ def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
     fmt = format_for(weights, torch.device("cpu"))
     model = _load(Path(path), keep_blocks=fmt == "gguf")
     model = model if fmt in ("fp32", "gguf") else to_format(model, fmt)
-    return _remember(model, path, weights)
-
-
-def source(model: Model) -> tuple[str, str] | None:
-    """Where ``model`` was loaded from and with which ``weights`` (as asked: ``"auto"`` chooses
-    alike again), if :func:`from_pretrained` or :func:`load_auto` loaded it."""
-    return model.__dict__.get("_loaded_from")
-
-
-def _remember(model: Model, path: str | Path, weights: str) -> Model:
-    model.__dict__["_loaded_from"] = (str(Path(path).resolve()), weights)  # not a module attribute: not in its key
+    remember_source(model, path, weights)
     return model
 
 
@@ -67,7 +57,7 @@ def load_auto(path: str | Path, job: Job | None = None) -> tuple[Model, Choice]:
     default = "translate" if model.config.is_encoder_decoder else "decode"
     chosen, choice = choose(model, job or default)
     if (job or default) == default:  # from_pretrained(path, "auto") chooses alike
-        _remember(chosen, path, "auto")
+        remember_source(chosen, path, "auto")
     return chosen, choice
 
 

@@ -14,13 +14,13 @@ minutes (SmolLM2's step, with its 934 weights as inputs, compiles for minutes) a
 server's model loop, start a second OpenMP team, which slowed every kernel here
 (:meth:`attnkit.serve.engine.Engine.run`).
 
-    python -m attnkit.generation.background MODEL WEIGHTS KIND ROWS CAPACITY MASKED THREADS MODE
+The process runs ``python -m attnkit.cli.precompile MODEL WEIGHTS KIND ROWS CAPACITY MASKED
+THREADS MODE`` (above generation, where models are loaded from their files).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import subprocess
 import sys
@@ -30,6 +30,7 @@ import time
 import torch
 
 from attnkit.models.core import Model
+from attnkit.models.io import source
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +69,8 @@ class Precompiler:
 
         # The step's key holds the threads and inductor's mode: the asking process's, not the child's defaults.
         layout = [kind, str(rows), str(capacity), str(int(masked))]
-        command = [
-            sys.executable,
-            "-m",
-            __name__,
-            self.model,
-            self.weights,
-            *layout,
-            str(torch.get_num_threads()),
-            MODE,
-        ]
+        settings = [str(torch.get_num_threads()), MODE]
+        command = [sys.executable, "-m", "attnkit.cli.precompile", self.model, self.weights, *layout, *settings]
         start = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         what = f"{rows} row{'s' if rows > 1 else ''} x {capacity} positions ({kind})"
@@ -96,48 +89,9 @@ _precompilers: dict[tuple[str, str], Precompiler] = {}
 def for_model(model: Model) -> Precompiler | None:
     """The process's precompiler for ``model``'s source (None: a model built in this process,
     which another cannot load)."""
-    from attnkit.loading import source
-
     where = source(model)
     if where is None:
         return None
     if where not in _precompilers:
         _precompilers[where] = Precompiler(*where)
     return _precompilers[where]
-
-
-def _exit_with(parent: int) -> None:
-    """End this process when the one that started it has ended (a compile for a process that is
-    gone would take the machine's cores for minutes, for nobody)."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="attnkit-precompile-watch", daemon=True).start()
-
-
-def main(argv: list[str]) -> int:
-    from attnkit.generation import compiled
-    from attnkit.generation.continuous import ContinuousBatch
-    from attnkit.generation.incremental import prepare
-    from attnkit.loading import from_pretrained
-
-    model_path, weights, kind, rows, capacity, masked, threads, compiled.MODE = argv
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    os.nice(19)  # behind the asking process's own work
-    _exit_with(os.getppid())
-    torch.set_num_threads(int(threads))
-    torch.set_grad_enabled(False)
-    model = from_pretrained(model_path, weights).eval()  # as the asking process loaded it
-    if kind == "batch":
-        ContinuousBatch(model, compile=True).prepare(int(rows), int(capacity))  # type: ignore[arg-type]
-    else:
-        prepare(model, int(rows), int(capacity), masked == "1")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -475,3 +475,15 @@ def saved_config(directory: Path, data: dict[str, Any]) -> ModelConfig:
         return from_dict(data.get("model"))
     except ValueError as err:
         raise ValueError(f"{directory / CONFIG}: {err}") from None
+
+
+def source(model: torch.nn.Module) -> tuple[str, str] | None:
+    """Where ``model`` was loaded from and with which ``weights`` (as asked: ``"auto"`` chooses
+    alike again), if :func:`attnkit.from_pretrained` loaded it: another process loads it the same
+    way to compile its decoding steps (:mod:`attnkit.generation.background`)."""
+    return model.__dict__.get("_loaded_from")
+
+
+def remember_source(model: torch.nn.Module, path: str | Path, weights: str) -> None:
+    """Note ``model``'s :func:`source` (not a module attribute: not in its compiled steps' key)."""
+    model.__dict__["_loaded_from"] = (str(Path(path).resolve()), weights)

@@ -15,7 +15,7 @@ import attnkit
 from attnkit.generation import background, compiled
 from attnkit.generation.background import Precompiler
 from attnkit.generation.continuous import ContinuousBatch, Request
-from attnkit.loading import source
+from attnkit.models.io import source
 
 pytestmark = pytest.mark.slow  # each background process compiles a step (about 20 s)
 
