@@ -33,8 +33,8 @@ def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
     ``"auto"``: the fastest format on this machine for the model's job (a decoder-only model's
     decoding, an encoder–decoder's batched translation) that passes the model's check
     (:mod:`attnkit.models.auto`; what it chose and why is logged). The model remembers where it
-    came from and how (:func:`attnkit.models.io.source`): a background process loads it the same way to compile its
-    decoding steps (:mod:`attnkit.generation.background`)."""
+    came from and how (:func:`attnkit.models.io.source`): a background process loads it the same
+    way to compile its decoding steps (:mod:`attnkit.generation.background`)."""
     if weights not in ("auto", *WEIGHT_FORMATS):
         raise ValueError(f"weights={weights!r} is not a weight format; use one of auto, {', '.join(WEIGHT_FORMATS)}")
     if weights == "auto":

@@ -69,8 +69,9 @@ PATCHES = {
     "cpp_wrapper": True,
 }
 SMALLEST = 64  # the smallest cache capacity
-# What readying a step costs, for compile="auto" (measured on GPT-2 124M int8, 2-core Intel Xeon;
-# docs/performance.md): loading it from the disk 1.5-3.3 s in a new process, compiling it 14-45 s.
+# What readying a step costs, for compile="auto" (measured on GPT-2 124M int8, 2-core Intel Xeon
+# and AMD EPYC; docs/performance.md): loading it from the disk 1.5-3.3 s in a new process,
+# compiling it 14-45 s.
 LOAD_SECONDS = 3.0
 COMPILE_SECONDS = 30.0
 
