@@ -1,7 +1,7 @@
 """tools/llama_bench.sh, the build of llama.cpp's own llama-bench for the decoding benchmarks'
 anchor: the commands it would run for a CPU with AMX (AMX off, every AVX-512 flag the CPU has
-on) and without (GGML_NATIVE), one cache entry per CPU; and where the binary is built here, the
-binary itself, decoding SmolLM2's GGUF file."""
+on), without (GGML_NATIVE) and for the forced AVX2 class (AVX2 kernels only), one cache entry
+each; and where the binary is built here, the binary itself, decoding SmolLM2's GGUF file."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ SCRIPT = Path(__file__).parents[1] / "tools" / "llama_bench.sh"
 AMX = "avx2 fma f16c avx512f avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16"
 
 
-def dry_run(tmp_path: Path, flags: str | None = None) -> list[str]:
-    """The script's commands and binary path, for a CPU of ``flags`` (this one's where None)."""
-    env = dict(os.environ, LLAMA_BENCH_DRY_RUN="1", LLAMA_BENCH_CACHE=str(tmp_path / "cache"))
+def dry_run(tmp_path: Path, flags: str | None = None, cpu_class: str = "") -> list[str]:
+    """The script's commands and binary path, for a CPU of ``flags`` (this one's where None),
+    acting as ``cpu_class`` (ATTNKIT_CPU_CLASS; its own where empty)."""
+    env = dict(os.environ, LLAMA_BENCH_DRY_RUN="1", LLAMA_BENCH_CACHE=str(tmp_path / "cache"), ATTNKIT_CPU_CLASS=cpu_class)
     if flags is not None:
         cpuinfo = tmp_path / f"cpuinfo-{len(flags)}"
         cpuinfo.write_text(f"model name\t: a CPU\nflags\t\t: {flags}\n")
@@ -43,6 +44,15 @@ def test_amx_is_left_out_and_the_rest_of_the_cpu_kept(tmp_path: Path) -> None:
 def test_a_cpu_without_amx_builds_native_in_its_own_cache_entry(tmp_path: Path) -> None:
     _, configure, _, binary = dry_run(tmp_path, "avx2 fma f16c")
     assert "-DGGML_NATIVE=ON" in configure.split() and "AMX" not in configure
+    assert binary != dry_run(tmp_path, AMX)[-1]
+
+
+def test_the_forced_avx2_class_builds_avx2_kernels_only_in_its_own_cache_entry(tmp_path: Path) -> None:
+    _, configure, _, binary = dry_run(tmp_path, AMX, cpu_class="avx2")
+    options = configure.split()
+    for flag in ("-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_AVX512=OFF", "-DGGML_AMX_INT8=OFF"):
+        assert flag in options
+    assert not [o for o in options if o.startswith("-DGGML_AVX512_") or o == "-DGGML_AVX_VNNI=ON"]
     assert binary != dry_run(tmp_path, AMX)[-1]
 
 

@@ -8,7 +8,10 @@
 #
 # The build is GGML_NATIVE (the CPU's own flags) but on a CPU with AMX, where ggml's AMX code
 # crashed at the first product on a 2-core Intel Xeon (2026-12-03): there every AVX-512 flag the
-# CPU has, AMX off. Static, so the binary needs no library beside it. Cached under
+# CPU has, AMX off. With ATTNKIT_CPU_CLASS=avx2 (the benchmarks' forced AVX2 class) it builds
+# llama.cpp's AVX2 kernels only (AVX2, FMA, F16C; no AVX-512, no AMX), the build an AVX2-only
+# CPU's user runs, so that both sides of a forced-AVX2 row use AVX2 kernels. Static, so the
+# binary needs no library beside it. Cached under
 # ${LLAMA_BENCH_CACHE:-~/.cache/attnkit/llama.cpp}/<version>-<flags' hash>/llama-bench.
 # Environment: PYTHON (default .venv/bin/python, for pip), LLAMA_CPP_PYTHON_VERSION, CPUINFO (a
 # file read instead of /proc/cpuinfo, for the tests).
@@ -22,7 +25,10 @@ has() { [[ " $flags " == *" $1 "* ]]; }
 
 options=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF
          -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF)
-if has amx_int8 || has amx_bf16 || has amx_tile; then
+if [[ ${ATTNKIT_CPU_CLASS:-} == avx2 ]]; then
+    options+=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF
+              -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+elif has amx_int8 || has amx_bf16 || has amx_tile; then
     options+=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
               -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
     has avx512f && options+=(-DGGML_AVX512=ON)
