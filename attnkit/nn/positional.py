@@ -17,8 +17,10 @@ Layout = Literal["interleaved", "halves"]
 
 
 def _inverse_wavelengths(d: int, base: float) -> Tensor:
-    """1 / base^(2i/d) for i = 0 .. d/2 - 1, in float64 for exactness."""
-    two_i = torch.arange(0, d, 2, dtype=torch.float64)
+    """1 / base^(2i/d) for i = 0 .. d/2 - 1, in float64 for exactness, on the CPU whatever the
+    default device (on "meta", where models are built to check a file's shapes, arange runs
+    Python refs that import torch._dynamo: 1.2 s of a load)."""
+    two_i = torch.arange(0, d, 2, dtype=torch.float64, device="cpu")
     return torch.exp(-math.log(base) * two_i / d)
 
 
@@ -36,13 +38,13 @@ def sinusoidal_table(
 
     ``layout="interleaved"`` is the chapter's (sin and cos alternate); ``"halves"`` puts all
     sines first, then all cosines (Marian, fairseq): a permutation of the same numbers.
-    Returns ``(n_positions, d_model)`` float32, computed in float64.
+    Returns ``(n_positions, d_model)`` float32, computed in float64 on the CPU.
     """
     if d_model <= 0 or d_model % 2:
         raise ValueError(f"sinusoidal encodings need an even d_model > 0, got {d_model}")
     if layout not in ("interleaved", "halves"):
         raise ValueError(f"layout must be 'interleaved' or 'halves', got {layout!r}")
-    pos = torch.arange(offset, offset + n_positions, dtype=torch.float64)[:, None]  # (T, 1)
+    pos = torch.arange(offset, offset + n_positions, dtype=torch.float64, device="cpu")[:, None]  # (T, 1)
     angles = pos * _inverse_wavelengths(d_model, base)  # (T, 1) * (d/2,) -> (T, d/2)
     if layout == "halves":
         table = torch.cat([angles.sin(), angles.cos()], dim=-1)  # (T, d/2) x2 -> (T, d)
@@ -62,7 +64,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         super().__init__()
         sinusoidal_table(1, d_model, base, layout)  # validates the arguments
         self.d_model, self.base, self.layout = d_model, base, layout
-        self.register_buffer("table", sinusoidal_table(512, d_model, base, layout), persistent=False)
+        table = sinusoidal_table(512, d_model, base, layout).to(torch.get_default_device())
+        self.register_buffer("table", table, persistent=False)
 
     def _grow(self, end: int) -> None:
         if end > self.table.shape[0]:  # grow geometrically; positions never run out
@@ -191,7 +194,8 @@ class RotaryEmbedding(nn.Module):
         if layout not in ("interleaved", "halves"):
             raise ValueError(f"rotary layout must be 'interleaved' or 'halves', got {layout!r}")
         self.dim, self.layout = dim, layout
-        self.register_buffer("inv_freq", _inverse_wavelengths(dim, base).float(), persistent=False)
+        inv_freq = _inverse_wavelengths(dim, base).float().to(torch.get_default_device())
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """``x`` (B, H, T, dim) at positions offset .. offset + T - 1, or at ``positions``
