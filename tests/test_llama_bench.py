@@ -19,7 +19,8 @@ AMX = "avx2 fma f16c avx512f avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16"
 def dry_run(tmp_path: Path, flags: str | None = None, cpu_class: str = "") -> list[str]:
     """The script's commands and binary path, for a CPU of ``flags`` (this one's where None),
     acting as ``cpu_class`` (ATTNKIT_CPU_CLASS; its own where empty)."""
-    env = dict(os.environ, LLAMA_BENCH_DRY_RUN="1", LLAMA_BENCH_CACHE=str(tmp_path / "cache"), ATTNKIT_CPU_CLASS=cpu_class)
+    cache = str(tmp_path / "cache")
+    env = dict(os.environ, LLAMA_BENCH_DRY_RUN="1", LLAMA_BENCH_CACHE=cache, ATTNKIT_CPU_CLASS=cpu_class)
     if flags is not None:
         cpuinfo = tmp_path / f"cpuinfo-{len(flags)}"
         cpuinfo.write_text(f"model name\t: a CPU\nflags\t\t: {flags}\n")

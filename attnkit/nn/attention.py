@@ -63,8 +63,8 @@ def _check_inputs(
             raise ValueError(f"bias must be a floating-point tensor, got dtype {t.dtype}")
         # Each trailing dim 1 or the scores' own (torch.broadcast_shapes imports the symbolic
         # shapes of torch.fx at its first call: 0.4 s of a server's first answer).
-        shape = tuple(t.shape)
-        if len(shape) > len(scores_shape) or any(a not in (1, b) for a, b in zip(reversed(shape), reversed(scores_shape))):
+        trailing = zip(reversed(t.shape), reversed(scores_shape), strict=False)
+        if t.dim() > len(scores_shape) or any(a not in (1, b) for a, b in trailing):
             raise ValueError(
                 f"{name} of shape {tuple(t.shape)} does not broadcast to the scores' shape "
                 f"{scores_shape} (..., n queries, m keys)"

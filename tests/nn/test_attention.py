@@ -447,8 +447,13 @@ BAD_CALLS = {
         {"mask": _t(3, 7, dtype=torch.bool)},
         re.escape("(3, 7)"),
     ),
-    "mask-more-dims": (_t(2, 3, 4), _t(2, 5, 4), _t(2, 5, 4), {"mask": _t(4, 2, 3, 5, dtype=torch.bool)},
-                       re.escape("(4, 2, 3, 5)")),  # fmt: skip
+    "mask-more-dims": (
+        _t(2, 3, 4),
+        _t(2, 5, 4),
+        _t(2, 5, 4),
+        {"mask": _t(4, 2, 3, 5, dtype=torch.bool)},
+        re.escape("(4, 2, 3, 5)"),
+    ),
     "mask-widens-scores": (_t(1, 3, 4), _t(1, 5, 4), _t(1, 5, 4), {"bias": _t(2, 3, 5)}, re.escape("(2, 3, 5)")),
     "1d-q": (_t(4), _t(5, 4), _t(5, 4), {}, re.escape("(4,)")),
     "int-q": (_t(3, 4, dtype=torch.int64), _t(5, 4), _t(5, 4), {}, r"torch\.int64"),
