@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from attnkit import prepared
 from attnkit.interop.hf import load_hf
 from attnkit.models import Model, load_saved
 from attnkit.models.auto import Choice, Job, choose
@@ -52,13 +53,36 @@ def load_auto(path: str | Path, job: Job | None = None) -> tuple[Model, Choice]:
     """The model at ``path`` in the format :func:`attnkit.models.auto.choose` picks for ``job``
     (None: "translate" for an encoder–decoder, else "decode"), and the choice. A GGUF file is
     read as fp32 and chosen for like any model: its own 4-bit blocks are what made SmolLM2's
-    chat answer wrong (:mod:`attnkit.models.auto`)."""
-    model = _load(Path(path))
-    default = "translate" if model.config.is_encoder_decoder else "decode"
-    chosen, choice = choose(model, job or default)
-    if (job or default) == default:  # from_pretrained(path, "auto") chooses alike
+    chat answer wrong (:mod:`attnkit.models.auto`). A conversion chosen once is kept on the disk
+    and read back by later loads of the same file (:mod:`attnkit.prepared`)."""
+    source = Path(path)
+    kept = _kept(source, job)
+    if kept is not None:
+        chosen, choice = kept
+    else:
+        model = _load(source)
+        chosen, choice = choose(model, job or _job(model))
+        if choice.weights in prepared.KEPT and getattr(model, "weights", "fp32") == "fp32":
+            prepared.write(source, job or _job(model), chosen, choice)
+    if job in (None, _job(chosen)):  # from_pretrained(path, "auto") chooses alike
         remember_source(chosen, path, "auto")
     return chosen, choice
+
+
+def _job(model: Model) -> Job:
+    """A model's own job: an encoder–decoder's is batched translation, any other's decoding."""
+    return "translate" if model.config.is_encoder_decoder else "decode"
+
+
+def _kept(source: Path, job: Job | None) -> tuple[Model, Choice] | None:
+    """The model kept for ``source`` and ``job`` (None: its own job, whichever that is)."""
+    if not source.exists():
+        return None  # _load says why
+    for asked in (job,) if job is not None else ("decode", "translate"):
+        kept = prepared.read(source, asked)
+        if kept is not None and (job is not None or _job(kept[0]) == asked):
+            return kept
+    return None
 
 
 def _load(directory: Path, keep_blocks: bool = False) -> Model:

@@ -23,8 +23,10 @@ def pytest_configure(config: pytest.Config) -> None:
     compile workers.
 
     Dataset stores go to a directory of the session's own (each worker's), removed at the end:
-    a test never reads a store another run left, nor leaves one in the user's cache."""
+    a test never reads a store another run left, nor leaves one in the user's cache. So do the
+    models ``weights="auto"`` prepares (:mod:`attnkit.prepared`)."""
     os.environ["ATTNKIT_STORE"] = tempfile.mkdtemp(prefix="attnkit-stores-")
+    os.environ["ATTNKIT_PREPARED_CACHE"] = tempfile.mkdtemp(prefix="attnkit-prepared-")
     # compile="auto" (the default) compiles a step once a decode has paid for it: a test that
     # decodes long enough would compile at a moment of its own. Tests of that policy turn it on.
     os.environ["ATTNKIT_AUTO_COMPILE"] = "0"
@@ -50,6 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(os.environ.pop("ATTNKIT_STORE", ""), ignore_errors=True)
+    shutil.rmtree(os.environ.pop("ATTNKIT_PREPARED_CACHE", ""), ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
