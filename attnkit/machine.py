@@ -260,9 +260,17 @@ def _inductor_default() -> str:
     return os.path.abspath(default_cache_dir())
 
 
+# The settings that make one CPU run another class's kernels (the benchmarks' forced AVX2 path).
+FORCING = (
+    "ATTNKIT_CPU_CLASS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+    "FBGEMM_ENABLE_INSTRUCTIONS", "CT2_FORCE_CPU_ISA", "ATTNKIT_INT8_GEMM",
+)  # fmt: skip
+
+
 def machine() -> dict[str, object]:
     """Date, CPU model, class and flags that matter, core count, torch's thread count, version
-    and kernel capability, and the GPU if any."""
+    and kernel capability, the settings that force kernels (:data:`FORCING`) where set, and the
+    GPU if any."""
     import torch
 
     cpu = cpu_class()
@@ -278,6 +286,9 @@ def machine() -> dict[str, object]:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
+    forced = {name: os.environ[name] for name in FORCING if os.environ.get(name)}
+    if forced:
+        about["env"] = forced
     if torch.cuda.is_available():
         about["gpu"] = torch.cuda.get_device_name()
     return about

@@ -118,7 +118,9 @@ def _compiled(row: dict) -> str:
 
 
 def _floors(floors: dict) -> list[str]:
-    """The table of each format's floor against its measured time per token."""
+    """The table of each format's floor against its measured time per token (none without case 1)."""
+    if not floors:
+        return []
     return [
         f"### Batch-1 floors ({floors['bandwidth_gb_s']:.0f} GB/s read bandwidth)", "",
         "| format | weight bytes a token reads | floor ms/token | measured ms/token | × the floor | compile s "
@@ -167,8 +169,8 @@ def _smollm2(out: Path | None, repeats: int) -> str:
     return _decoding_report(out, lines, results, floors, skipped, quality=scores)
 
 
-def _decoding(out: Path | None, small: bool, repeats: int, run_dir: Path | None) -> str:
-    results, floors, demo, skipped = decoding.run(repeats=repeats, small=small, run_dir=run_dir)
+def _decoding(out: Path | None, small: bool, repeats: int, run_dir: Path | None, cases: tuple[str, ...]) -> str:
+    results, floors, demo, skipped = decoding.run(repeats=repeats, small=small, run_dir=run_dir, cases=cases)
     lines = [report("Decoding per weight format, side by side (2 threads each)", results, None), "", *_floors(floors)]
     if demo:
         lines += [
@@ -336,6 +338,7 @@ def main() -> None:
         "--dir", type=Path, help="data: where the generated corpora are kept (default: a temporary one)"
     )
     parser.add_argument("--run", type=Path, help="decoding: a trained translator's run directory, scored per format")
+    parser.add_argument("--cases", default="gpt2,marian", help="decoding: the cases to run (gpt2, marian; both)")
     parser.add_argument("--model", type=Path, default=Path("runs/smollm2"), help="serve: the model (make smollm2)")
     parser.add_argument("--weights", default="fp32", help="serve: the weight format")
     args = parser.parse_args()
@@ -346,7 +349,7 @@ def main() -> None:
         print(_smollm2(args.out, args.repeats))
         return
     if args.suite == "decoding":
-        print(_decoding(args.out, args.small, args.repeats, args.run))
+        print(_decoding(args.out, args.small, args.repeats, args.run, tuple(args.cases.split(","))))
         return
     if args.suite == "data":
         sizes = tuple(float(s) for s in args.sizes.split(",")) if args.sizes else None

@@ -23,7 +23,7 @@ same weights, in one process, 2 threads each:
    sentences translated greedy and beam-4 in each format, and greedy with the compiled step
    (timed on a second pass; the first compiles a graph per batch shape): wall time and BLEU.
 
-``python -m benchmarks decoding [--small] [--repeats N] [--run DIR] [--out FILE]``. The
+``python -m benchmarks decoding [--small] [--repeats N] [--cases gpt2,marian] [--run DIR] [--out FILE]``. The
 process keeps freed memory for reuse (:func:`attnkit.machine.keep_freed_memory`, as the
 inference commands do); ``transformers`` runs in the same process and gains from it alike.
 CTranslate2 and ``gpt3-tokenizer`` are optional: without them their columns are skipped and
@@ -370,9 +370,15 @@ def demo_formats(run_dir: Path) -> list[dict]:
     return rows
 
 
+CASES = ("gpt2", "marian")
+
+
 def run(
-    repeats: int = 5, small: bool = False, run_dir: Path | None = None
+    repeats: int = 5, small: bool = False, run_dir: Path | None = None, cases: tuple[str, ...] = CASES
 ) -> tuple[list[Comparison], dict, list[dict], dict[str, str]]:
+    """Cases 1 and 2 (``cases``: "gpt2", "marian" or both) and, with ``run_dir``, case 4."""
+    if unknown := set(cases) - set(CASES):
+        raise ValueError(f"no decoding case {', '.join(sorted(unknown))}: choose among {', '.join(CASES)}")
     keep_freed_memory()
     torch.set_num_threads(2)
     if small:  # a check that it runs, sized by work: inductor's default mode, no autotuning of each product
@@ -385,8 +391,9 @@ def run(
         skipped["CTranslate2"] = reason
     worker = Worker() if reason is None else None  # in its own process: see benchmarks/ct2_worker.py
     try:
-        results, floors = gpt2(repeats, small, skipped, worker)
-        results += marian(max(1, repeats // 2) if not small else repeats, small, skipped, worker)
+        results, floors = gpt2(repeats, small, skipped, worker) if "gpt2" in cases else ([], {})
+        if "marian" in cases:
+            results += marian(max(1, repeats // 2) if not small else repeats, small, skipped, worker)
     finally:
         if worker is not None:
             worker.close()

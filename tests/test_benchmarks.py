@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -141,6 +142,27 @@ def test_decoding_reports_every_format_against_transformers_and_ctranslate2_or_w
         assert (f"attnkit {fmt} compiled", "transformers fp32", "GPT-2") in rows
         assert numbers["floors"][f"{fmt} compiled"]["compile_seconds"] > 0
     assert all(t > 0 for r in numbers["results"] for t in (*r["ours"], *r["peer"]))
+
+
+def test_decoding_runs_the_cases_asked_for_and_records_the_forced_kernels(tmp_path: Path) -> None:
+    out = tmp_path / "marian.json"
+    from attnkit.machine import FORCING
+    from benchmarks import decoding
+
+    env = {k: v for k, v in os.environ.items() if k not in FORCING} | {"ATEN_CPU_CAPABILITY": "default"}
+    env["ATTNKIT_INT8_GEMM"] = "off"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "decoding", "--small", "--repeats", "1", "--cases", "marian",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    numbers = json.loads(out.read_text())
+    assert {r["case"].split(" ")[0] for r in numbers["results"]} == {"Marian-shaped"} and numbers["floors"] == {}
+    assert numbers["machine"]["env"] == {"ATEN_CPU_CAPABILITY": "default", "ATTNKIT_INT8_GEMM": "off"}
+    assert numbers["machine"]["aten_cpu_capability"] == "DEFAULT"
+    with pytest.raises(ValueError, match="no decoding case bleu: choose among gpt2, marian"):
+        decoding.run(cases=("marian", "bleu"))
 
 
 # Stand-ins for llama-cpp-python, put first on the paths of this process and the probe's.
