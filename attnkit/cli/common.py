@@ -128,11 +128,6 @@ def decoding_options(args: argparse.Namespace, model: Model, fallback: dict[str,
         raise ValueError(f"{', '.join(set_without_sampling)} {verb} only when sampling; add --do-sample")
     if args.do_sample and effective.get("num_beams", 1) > 1:
         raise ValueError(f"--do-sample samples one path per input; use --num-beams 1 (got {effective['num_beams']})")
-    if args.compile is True and effective.get("num_beams", 1) > 1:
-        raise ValueError(
-            f"--compile compiles the one-path step (greedy or sampling); beam search (--num-beams "
-            f"{effective['num_beams']}) runs eagerly: add --num-beams 1 or drop --compile"
-        )
     check_no_repeat_ngram_size(args, effective.get("no_repeat_ngram_size"))
     for flag, value in [("--eos-id", args.eos_id), ("--pad-id", args.pad_id)]:
         if value is not None and not 0 <= value < model.config.vocab_size:
@@ -220,7 +215,8 @@ def add_decoding_flags(parser: argparse.ArgumentParser, fallback: dict[str, obje
 def add_compile_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, pays_off_over: str) -> None:
     parser.add_argument(
         "--compile", action=argparse.BooleanOptionalAction, default=None,
-        help="run the greedy or sampled decoding step as one compiled graph (torch.compile) from the first step: "
+        help="run the decoding step (greedy, sampled or beam search) as one compiled graph (torch.compile) from the "
+        "first step: "
         "each new batch shape and cache size is loaded from the compile cache (seconds) or compiled (seconds to a "
         f"minute, reported), so it pays off over {pays_off_over}. Default: eager until the eager seconds of a "
         "shape reach what its step costs, then compiled (a short job is never slower); --no-compile: always eager",

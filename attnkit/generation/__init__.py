@@ -171,9 +171,11 @@ def generate(
     completed. ``streamer`` (greedy and sampling) is called with each step's new tokens (N,)
     as they are chosen, for output shown while it is decoded.
 
-    ``compile=True`` (greedy and sampling) runs each step after the first as one compiled graph
+    ``compile=True`` runs each step after the first as one compiled graph
     (:mod:`attnkit.generation.compiled`): the first call for a model and shape loads it from the
-    disk (seconds) or compiles it (seconds to a minute, logged), later ones reuse it.
+    disk (seconds) or compiles it (seconds to a minute, logged), later ones reuse it. Beam search
+    compiled keeps every example's rows in the step to the end (re-ranked in place; an example
+    that is done is fed a filler token), where eagerly its rows leave the batch.
     ``"auto"`` (the default) decodes eagerly until the eager seconds of a shape reach what its
     step costs to load, then moves onto it where it is in the compile cache; one that is not is
     compiled by a background process for a model :func:`~attnkit.from_pretrained` loaded
@@ -209,11 +211,6 @@ def generate(
         budget = (lengths + source_length_offset).clamp(min=1)
     if compile not in (True, False, "auto"):
         raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
-    if compile is True and num_beams > 1:
-        raise ValueError(
-            f"compile=True compiles the one-path step (greedy or sampling); beam search (num_beams={num_beams}) "
-            "reorders its rows every step and runs eagerly: drop compile=True or use num_beams=1"
-        )
     longest = max_new_tokens if budget is None else min(max_new_tokens, int(budget.max()))  # what the cache holds
     incremental = IncrementalModel(model, input_ids, attention_mask, num_beams, longest, compile)
     # In transformers' order: n-grams, bad words, forced first token, forced last token.

@@ -137,7 +137,9 @@ def bucket(n: int, limit: int | None = None, least: int = SMALLEST) -> int:
 def _shape(arg: Any) -> Any:
     if isinstance(arg, Tensor):
         return tuple(arg.shape), arg.dtype, arg.stride()
-    return getattr(arg, "capacity", None if arg is None else type(arg).__name__)  # a cache: its capacity
+    if hasattr(arg, "capacity"):  # a cache: its capacity and beams per example
+        return arg.capacity, getattr(arg, "groups", 1)
+    return None if arg is None else type(arg).__name__
 
 
 def dropout_on(model: nn.Module) -> bool:
@@ -235,8 +237,9 @@ def call(fn: Callable[..., Tensor], model: nn.Module, *args: Any) -> Tensor:
     step, out, loaded = _prepare(fn, model, args)
     steps.by_key[key] = step
     seconds = time.perf_counter() - start
-    rows, capacity = args[0].shape[0], next(a.capacity for a in args if hasattr(a, "capacity"))
-    what = f"{type(model).__name__}, {rows} row{'s' if rows > 1 else ''}, {capacity} cached positions"
+    rows, cache = args[0].shape[0], next(a for a in args if hasattr(a, "capacity"))
+    beams = f" ({getattr(cache, 'groups', 1)} beams each)" if getattr(cache, "groups", 1) > 1 else ""
+    what = f"{type(model).__name__}, {rows} row{'s' if rows > 1 else ''}{beams}, {cache.capacity} cached positions"
     COMPILES.append(Compile(what, seconds, loaded))
     log.info("torch.compile: the decoding step for %s %s in %.1f s", what, "loaded" if loaded else "compiled", seconds)
     return out

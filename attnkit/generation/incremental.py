@@ -57,13 +57,18 @@ class IncrementalModel:
 
     ``compile``: every step after the first runs one compiled fixed-shape graph
     (:mod:`attnkit.generation.compiled`) over a cache of fixed capacity (a power of two that
-    holds the decode, within the model's context); the rows keep their places (no
-    :meth:`reorder`), and an encoder–decoder's source is padded to a power of two, so that
-    later calls of other lengths reuse the graph. ``"auto"`` (decoder-only, one path per row, a
-    model :func:`~attnkit.generation.compiled.can_compile`): eager steps, their seconds paid into
-    the layout's :class:`~attnkit.generation.compiled.Account`, until readying the step is due;
-    then the cache moves into fixed buffers and the later steps run compiled. Otherwise
-    ``"auto"`` is eager.
+    holds the decode, within the model's context), and an encoder–decoder's source is padded to
+    a power of two, so that later calls of other lengths reuse the graph. The rows keep their
+    places: beam search re-ranks an example's beams through the cache's history table
+    (:class:`~attnkit.nn.cache.FixedBeamKVCache`), and an example that is done stays in the
+    step, its rows fed a filler token and their logits left out (:meth:`reorder`, :meth:`step`).
+
+    ``"auto"`` (decoder-only, one path per row, a model
+    :func:`~attnkit.generation.compiled.can_compile`): eager steps, their seconds paid into the
+    layout's :class:`~attnkit.generation.compiled.Account`, until readying the step is due; then
+    the cache moves into fixed buffers and the later steps run compiled. Otherwise ``"auto"`` is
+    eager: batched beams of int8 or int4 weights take PyTorch's int8 GEMM eagerly, which a
+    compiled step cannot trace.
     """
 
     def __init__(
@@ -92,17 +97,21 @@ class IncrementalModel:
                 compile = self.account.due()
                 self.account = None if compile else self.account
         self.compiled = compile
+        rows = input_ids.shape[0] * copies
+        self.live: Tensor | None = None  # compiled beams: the step's example of each one still searched
         if compile:
             if not checked:
                 self._check_for_step()
             self.cache = self._fixed_cache()
             capacity = self.cache.capacity
+            if copies > 1:
+                self.live = torch.arange(input_ids.shape[0], device=input_ids.device)
+                self.filler = torch.zeros(rows, 1, dtype=torch.long, device=input_ids.device)
         else:
             # Room for 32 new tokens, then the cache doubles as far as the decode really goes: a step
             # attends over the whole buffer (KVCache.whole), so it is kept within twice what is filled.
             capacity = prompt + max_new_tokens
             self.cache = model.decoder.new_cache(capacity=prompt + min(max_new_tokens, 32), groups=copies)
-        rows = input_ids.shape[0] * copies
         self.key_mask: Tensor | None = None
         if isinstance(model, EncoderDecoderModel):
             if compile:
@@ -165,7 +174,7 @@ class IncrementalModel:
 
     def _fixed_cache(self) -> DecoderCache:
         """An empty cache of the compiled step's fixed capacity (the model checked for it)."""
-        return self.model.decoder.new_cache(capacity=self._capacity(), fixed=True)
+        return self.model.decoder.new_cache(capacity=self._capacity(), groups=self.copies, fixed=True)
 
     def _move_when_due(self) -> None:
         """``"auto"``: move the decode onto the compiled step once readying it is due (at the first
@@ -203,6 +212,12 @@ class IncrementalModel:
     def _compiled_step(self, tokens: Tensor) -> Tensor:
         assert self.cache.clock is not None
         tokens = tokens.contiguous()  # a column of a larger table would be a graph of its own strides
+        dropped = self.live is not None and self.live.shape[0] * self.copies < self.filler.shape[0]
+        if dropped:  # the rows of the examples still searched, among all the step's rows
+            self.filler.view(-1, self.copies)[self.live] = tokens.view(-1, self.copies)
+            tokens = self.filler
+        if self.cache.history is not None:
+            self.cache.history.stamp(self.cache.clock.filled)  # outside the graph: the step reads the table
         if self.encoder_decoder:
             args = (tokens, self.cache, self.memory, self.memory_mask)
             logits = compiled.call(encoder_decoder_step, self.model, *args)
@@ -211,6 +226,9 @@ class IncrementalModel:
             logits = compiled.call(decoder_only_step, self.model, *args)
             self.next_position = self.next_position + 1
         self.cache.clock.advance()
+        if dropped:
+            assert self.live is not None
+            return logits.view(-1, self.copies, logits.shape[-1])[self.live].flatten(0, 1)
         return logits
 
     def _decode(self, tokens: Tensor) -> Tensor:
@@ -220,11 +238,13 @@ class IncrementalModel:
         """Keep rows ``index`` (N',): beam search re-ranking hypotheses within each example,
         and dropping every row of the examples that are done (N' < N). An example's rows stay
         in that example, so the memory and its cross-attention keys/values, shared by them,
-        are only narrowed to the examples that remain."""
+        are only narrowed to the examples that remain.
+
+        Compiled, the rows keep their places: the beams of the examples that remain are re-ranked
+        in the cache's history, and the examples dropped only leave :attr:`live`."""
         if self.compiled:
-            raise ValueError(
-                "a compiled decode keeps its rows in place (its shapes are fixed); reorder() needs compile=False"
-            )
+            self._rerank(index)
+            return
         examples = None
         if index.shape[0] != self.prompt.shape[0]:
             examples = index.view(-1, self.copies)[:, 0] // self.copies  # (B',): the examples that remain
@@ -238,6 +258,21 @@ class IncrementalModel:
             self.next_position = self.next_position.index_select(0, index)
             if self.key_mask is not None:
                 self.key_mask = self.key_mask.index_select(0, index)
+
+    def _rerank(self, index: Tensor) -> None:
+        if self.live is None:
+            raise ValueError(
+                "a compiled one-path decode keeps its rows in place (its shapes are fixed); reorder() needs "
+                "compile=False"
+            )
+        k = self.copies
+        parents = index.view(-1, k)  # (B', k): rows of the examples searched so far, in their order
+        if index.shape[0] != self.prompt.shape[0]:
+            self.live = self.live[parents[:, 0] // k]  # (B',): the step's example of each that remains
+            self.prompt = self.prompt.index_select(0, index)
+        own = torch.arange(k, device=index.device).repeat(self.filler.shape[0] // k, 1)  # (B, k): as they are
+        own[self.live] = parents % k
+        self.cache.reorder((own + torch.arange(own.shape[0], device=index.device)[:, None] * k).view(-1))
 
 
 def prepare(model: DecoderOnlyModel, rows: int, capacity: int, masked: bool) -> None:

@@ -122,10 +122,11 @@ class BeamHistory:
 
     ``origin[b, i, t] = j``: the key and value of beam i of example b at time t are in the
     slot of beam j. Beam search re-ranks by gathering this small integer table (B, k, T)
-    instead of copying every layer's keys and values (the index history)."""
+    instead of copying every layer's keys and values (the index history). ``fixed`` (the
+    compiled step's): the table keeps its one tensor, re-ranked in place, which the step reads."""
 
-    def __init__(self, groups: int) -> None:
-        self.groups = groups
+    def __init__(self, groups: int, fixed: bool = False) -> None:
+        self.groups, self.fixed = groups, fixed
         self.origin: Tensor | None = None  # (B, k, capacity) long
         self._stamped = -1  # the last time whose slots were stamped as each beam's own
         self._masks: dict[tuple[int, int], Tensor] = {}  # (capacity, filled) -> ancestry mask
@@ -152,8 +153,14 @@ class BeamHistory:
         ``examples`` (B',) only those examples remain."""
         if self.origin is None:
             return
+        if self.fixed and examples is not None:
+            raise ValueError("a fixed-shape beam history keeps every example: the compiled step's shapes do not change")
         origin = self.origin if examples is None else self.origin.index_select(0, examples)
-        self.origin = origin.gather(1, parents[:, :, None].expand(-1, -1, origin.shape[2]))
+        reordered = origin.gather(1, parents[:, :, None].expand(-1, -1, origin.shape[2]))
+        if self.fixed:
+            self.origin.copy_(reordered)
+        else:
+            self.origin = reordered
         self._masks = {}
 
     def mask(self, capacity: int, filled: int) -> Tensor:
@@ -161,12 +168,23 @@ class BeamHistory:
         key = (capacity, filled)
         if key not in self._masks:
             assert self.origin is not None
-            g = self.groups
-            slots = torch.arange(g, device=self.origin.device)
-            ancestry = self.origin[:, :, :capacity, None] == slots  # (B, k, capacity, k)
-            ancestry &= (torch.arange(capacity, device=slots.device) < filled)[:, None]
-            self._masks = {key: ancestry.view(ancestry.shape[0], 1, g, capacity * g)}
+            self._masks = {key: self._ancestry(torch.arange(capacity, device=self.origin.device) < filled)}
         return self._masks[key]
+
+    def reach(self, slot: Tensor, capacity: int) -> Tensor:
+        """:meth:`mask` up to and including the position ``slot`` (1,) a compiled step writes,
+        from tensors alone (inside the step's graph)."""
+        assert self.origin is not None
+        return self._ancestry(torch.arange(capacity, device=slot.device) <= slot)
+
+    def _ancestry(self, valid: Tensor) -> Tensor:
+        """(B, 1, k, capacity·k): ancestors' slots at the times ``valid`` (capacity,) marks."""
+        assert self.origin is not None
+        g, capacity = self.groups, valid.shape[0]
+        slots = torch.arange(g, device=self.origin.device)
+        ancestry = self.origin[:, :, :capacity, None] == slots  # (B, k, capacity, k)
+        ancestry &= valid[:, None]
+        return ancestry.view(ancestry.shape[0], 1, g, capacity * g)
 
 
 class BeamKVCache:
@@ -271,6 +289,47 @@ class StepClock:
         self.filled += 1
 
 
+class FixedBeamKVCache(BeamKVCache):
+    """A :class:`BeamKVCache` of exactly ``capacity`` positions, for the compiled step: beam
+    search in one fixed-shape graph. The start (the prompt or start token) is the eager cache's;
+    each later call writes the k beams' new entries at ``clock.slot`` and attends over the whole
+    buffers with the ancestry mask the step computes from the history's table
+    (:meth:`BeamHistory.reach`), the positions after the slot masked out."""
+
+    def __init__(self, history: BeamHistory, clock: StepClock, capacity: int) -> None:
+        super().__init__(history, capacity)
+        self.clock = clock
+
+    def __len__(self) -> int:
+        return self.clock.filled
+
+    def attend(
+        self, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, whole: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """As :meth:`BeamKVCache.attend`; after the start, a step's ``mask`` (key padding,
+        (B·k, 1, 1, capacity)) and ``bias`` (1, H, 1, capacity) already span the capacity."""
+        g, capacity = self.history.groups, self.capacity
+        if self._k is None or self._v is None:  # the start
+            if k.shape[-2] > capacity:
+                raise ValueError(f"a prompt of {k.shape[-2]} positions does not fit a fixed cache of {capacity}")
+            started = super().attend(k, v, mask, bias)
+            self.clock.begin(k.shape[-2], k.device)
+            return started
+        slot = self.clock.slot
+        assert slot is not None
+        B, H = k.shape[0] // g, k.shape[1]
+        for buffer, new in ((self._k, k), (self._v, v)):  # (B·k, H, 1, d) -> (B, H, 1, k, d): slot t·k + j
+            beams = new.reshape(B, g, H, 1, -1).permute(0, 2, 3, 1, 4)
+            buffer.view(B, H, capacity, g, -1).index_copy_(2, slot, beams)
+        attend = self.history.reach(slot, capacity)  # (B, 1, k, capacity·k)
+        if mask is not None:  # an example's beams share their prompt's padding: take beam 0's
+            example = mask[::g].reshape(B, 1, 1, capacity, 1).expand(-1, -1, -1, -1, g)
+            attend = attend & example.reshape(B, 1, 1, capacity * g)
+        if bias is not None:
+            bias = bias.repeat_interleave(g, dim=-1)
+        return self._k, self._v, attend, bias
+
+
 class StaticKVCache:
     """Keys and values of one self-attention module in buffers of a fixed ``capacity``,
     ``(B, H, capacity, d)``: a decoding step's shapes never change, so the step compiles once
@@ -336,28 +395,27 @@ class DecoderCache:
     """The caches of a decoder stack: one self-attention and (optionally) one cross-attention
     :class:`KVCache` per layer. ``groups`` > 1 (beam search with that many beams per
     example): the self-attention caches are :class:`BeamKVCache`, re-ranked by one shared
-    :class:`BeamHistory`. ``fixed``: :class:`StaticKVCache` of exactly ``capacity`` positions,
-    written where one shared :class:`StepClock` says (the compiled step)."""
+    :class:`BeamHistory`. ``fixed``: :class:`StaticKVCache` (or :class:`FixedBeamKVCache`) of
+    exactly ``capacity`` positions, written where one shared :class:`StepClock` says (the compiled
+    step)."""
 
     def __init__(
         self, n_layers: int, cross_attention: bool, capacity: int = 64, groups: int = 1, fixed: bool = False
     ) -> None:
-        if fixed and groups > 1:
-            raise ValueError("a fixed-shape cache decodes one path per row; beam search grows its own")
         self.groups, self.capacity = groups, capacity
-        self.history = BeamHistory(groups) if groups > 1 else None
+        self.history = BeamHistory(groups, fixed) if groups > 1 else None
         self.clock = StepClock() if fixed else None
-        self.self_attn: list[KVCache | BeamKVCache | StaticKVCache] = [
-            StaticKVCache(self.clock, capacity)
-            if self.clock is not None
-            else KVCache(capacity=capacity)
-            if self.history is None
-            else BeamKVCache(self.history, capacity)
-            for _ in range(n_layers)
-        ]
+        self.self_attn: list[KVCache | BeamKVCache | StaticKVCache] = [self._layer() for _ in range(n_layers)]
         self.cross_attn: list[KVCache | None] = [
             KVCache(static=True) if cross_attention else None for _ in range(n_layers)
         ]
+
+    def _layer(self) -> KVCache | BeamKVCache | StaticKVCache:
+        if self.clock is not None:
+            if self.history is not None:
+                return FixedBeamKVCache(self.history, self.clock, self.capacity)
+            return StaticKVCache(self.clock, self.capacity)
+        return KVCache(capacity=self.capacity) if self.history is None else BeamKVCache(self.history, self.capacity)
 
     def __len__(self) -> int:
         """Number of target positions already processed."""
@@ -372,8 +430,9 @@ class DecoderCache:
     def reorder(self, index: Tensor, examples: Tensor | None = None) -> None:
         """Keep target rows ``index`` (N',); ``examples`` (B'): the examples (memory rows) that
         remain, when some were dropped. Without it the memory's keys and values are left alone:
-        right when ``index`` only permutes rows that share a memory row (an example's beams)."""
-        if self.clock is not None:
+        right when ``index`` only permutes rows that share a memory row (an example's beams). A
+        fixed-shape cache keeps its rows: only beams are re-ranked, within each example."""
+        if self.clock is not None and (self.history is None or examples is not None):
             raise ValueError("a fixed-shape cache keeps its rows: the compiled step's shapes do not change")
         if self.history is not None:  # beams: re-rank through the history, drop whole examples
             if examples is not None:

@@ -557,5 +557,7 @@ def test_compile_prints_what_eager_decoding_prints_and_the_compile_time(
         captured = capsys.readouterr()
         assert captured.out.splitlines() == eager
         assert "the decoding step (" in captured.err and captured.err.rstrip().endswith(" s")  # compiled or loaded
-    line = one_line_error(capsys, ["translate", "--model", str(mt_dir), "--compile", "hello"])
-    assert "--compile compiles the one-path step (greedy or sampling); beam search (--num-beams 4)" in line
+    beams = ["translate", "--model", str(mt_dir), "the cat sat on the mat", "hello world"]  # the preset's beam 4
+    eager = output_lines(capsys, beams)
+    assert main([*beams, "--compile"]) == 0
+    assert capsys.readouterr().out.splitlines() == eager

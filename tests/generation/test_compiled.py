@@ -14,7 +14,9 @@
   cost of readying its step (a load where its file is kept, a compile where not), then moves the
   cache into the step's fixed layout and decodes the eager tokens on; a shorter job compiles
   nothing.
-* Beam search, reordering and a prompt longer than the fixed cache are refused in one line.
+* Beam search compiled gives the eager hypotheses (examples ending early, budgets), in one
+  graph; reordering a one-path decode and a prompt longer than the fixed cache are refused in
+  one line.
 """
 
 from __future__ import annotations
@@ -187,6 +189,53 @@ def test_compiled_translation_with_early_ends_and_budgets_equals_eager(name: str
     for options in ({"eos_token_id": eos}, {"eos_token_id": eos, "source_length_offset": 2}):
         eager = model.generate(ids, mask, max_new_tokens=STEPS, **options)
         assert torch.equal(model.generate(ids, mask, max_new_tokens=STEPS, compile=True, **options), eager)
+
+
+@pytest.mark.parametrize("name", ["transformer-tiny", "t5-tiny", "marian", "gpt-tiny"])
+def test_compiled_beam_search_equals_eager(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beam search through one compiled graph per layout: the eager hypotheses, with examples
+    finishing early (their rows fed a filler token in the step, where eagerly they leave the
+    batch), transformers' stopping heuristic and, for a translation, each source's budget."""
+    model = model_for(name, tmp_path)
+    ids, mask = inputs(model)
+    beams = {"num_beams": 3, "max_new_tokens": STEPS}
+    free = model.generate(ids, mask, **beams, eos_token_id=None)[:, -STEPS:]
+    assert len(set(free.flatten().tolist())) > 3, f"degenerate test model: {free}"
+    counters = torch._dynamo.utils.counters
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    searched: list[int] = []  # the examples still searched after each step
+    rerank = IncrementalModel._rerank
+    monkeypatch.setattr(
+        IncrementalModel, "_rerank", lambda self, index: (rerank(self, index), searched.append(len(self.live)))
+    )
+
+    # An end token at which an example is done while another goes on (beam search ends an example
+    # once it holds 3 finished hypotheses); a translation's budgets stagger them anyway.
+    staggered = []
+    for eos in free[:, 3:].flatten().tolist():
+        searched.clear()
+        model.generate(ids, mask, **beams, eos_token_id=eos, compile=True)
+        if 1 in searched or 2 in searched:
+            staggered.append(eos)
+            break
+    cases = [{"eos_token_id": eos}, {"eos_token_id": eos, "early_stopping": False}]
+    if model.config.is_encoder_decoder:
+        cases.append({"eos_token_id": eos, "source_length_offset": 2, "length_penalty": 0.6})
+    else:
+        assert staggered, f"no end token among {free} ends the examples at different steps"
+    dropped = bool(staggered)
+    for options in [{"eos_token_id": None}, *cases]:
+        eager = model.generate(ids, mask, **beams, **options)
+        searched.clear()
+        assert torch.equal(model.generate(ids, mask, **beams, **options, compile=True), eager), options
+        dropped |= 1 in searched or 2 in searched
+    assert dropped, "no example was done while another went on"
+    assert counters["stats"]["unique_graphs"] == graphs + 1, "the beams' step is not one compiled graph"
+    assert sum(counters["graph_break"].values()) == breaks, dict(counters["graph_break"])
+    # As many rows, one path each: a step of its own, not the beams'.
+    rows = ids.repeat_interleave(3, dim=0), mask.repeat_interleave(3, dim=0)
+    expected = model.generate(*rows, max_new_tokens=STEPS, eos_token_id=None)
+    assert torch.equal(model.generate(*rows, max_new_tokens=STEPS, eos_token_id=None, compile=True), expected)
 
 
 @pytest.mark.parametrize("name", ["gpt-tiny", "llama"])
@@ -454,11 +503,9 @@ def test_compile_refusals() -> None:
     ids = random_ids(1, (2, 5), model.config.vocab_size)
     with pytest.raises(ValueError, match="compile must be True, False or 'auto', got 'yes'"):
         model.generate(ids, compile="yes")
-    with pytest.raises(ValueError, match=r"beam search \(num_beams=4\) reorders its rows every step and runs eagerly"):
-        model.generate(ids, num_beams=4, compile=True)
     incremental = IncrementalModel(model, ids, None, max_new_tokens=4, compile=True)
     incremental.start()
-    with pytest.raises(ValueError, match="a compiled decode keeps its rows in place"):
+    with pytest.raises(ValueError, match="a compiled one-path decode keeps its rows in place"):
         incremental.reorder(torch.tensor([1, 0]))
     with pytest.raises(ValueError, match="a prompt of 70 positions does not fit a fixed cache of 64"):
         fixed = model.decoder.new_cache(capacity=64, fixed=True)
