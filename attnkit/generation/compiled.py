@@ -183,6 +183,18 @@ def _key(fn: Callable[..., Tensor], model: nn.Module, args: tuple[Any, ...]) -> 
     return (fn, model.__dict__.get("_step_signature"), tuple(_shape(a) for a in args))
 
 
+def loses_the_gemm(model: nn.Module, rows: int) -> bool:
+    """Whether a step of ``rows`` rows would be slower compiled than eager: from
+    :data:`~attnkit.kernels.gemm.MANY_ROWS` rows on, eager int8 and int4 products go through
+    PyTorch's int8 GEMM, which the compiled step cannot trace; it multiplies through attnkit's
+    block kernel instead (the Marian-shaped batch of 32 x 4 beams, int8: 7.6 s compiled against
+    2.8-3.3 s eager, Intel Xeon, 2026-12-06)."""
+    from attnkit.kernels import gemm
+    from attnkit.nn.quantized import layouts
+
+    return rows >= gemm.MANY_ROWS and bool(layouts(model)) and gemm.engine() is not None
+
+
 def auto_allowed() -> bool:
     """Whether ``compile="auto"`` may compile at all in this process (``ATTNKIT_AUTO_COMPILE=0``:
     it stays eager)."""

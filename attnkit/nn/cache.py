@@ -318,9 +318,11 @@ class FixedBeamKVCache(BeamKVCache):
         slot = self.clock.slot
         assert slot is not None
         B, H = k.shape[0] // g, k.shape[1]
-        for buffer, new in ((self._k, k), (self._v, v)):  # (B·k, H, 1, d) -> (B, H, 1, k, d): slot t·k + j
-            beams = new.reshape(B, g, H, 1, -1).permute(0, 2, 3, 1, 4)
-            buffer.view(B, H, capacity, g, -1).index_copy_(2, slot, beams)
+        # The k slots of time t, t·k .. t·k + k - 1, written in the buffers themselves (a write through
+        # a view of them would be a copy of the whole buffers in the graph).
+        slots = slot * g + torch.arange(g, device=slot.device)  # (k,)
+        for buffer, new in ((self._k, k), (self._v, v)):  # (B·k, H, 1, d) -> (B, H, k, d)
+            buffer.index_copy_(2, slots, new.reshape(B, g, H, -1).transpose(1, 2))
         attend = self.history.reach(slot, capacity)  # (B, 1, k, capacity·k)
         if mask is not None:  # an example's beams share their prompt's padding: take beam 0's
             example = mask[::g].reshape(B, 1, 1, capacity, 1).expand(-1, -1, -1, -1, g)

@@ -4,7 +4,7 @@
   on every family (sinusoidal, learned, relative and rotary positions; padded batches): the
   static layout alone is exact.
 * Compiled, every step's logits equal the eager step's to float tolerance (inductor fuses the
-  reductions and rounds differently: fp32 within 1e-4), fed the same tokens; greedy and
+  reductions and rounds differently: fp32 within 2e-4), fed the same tokens; greedy and
   seeded sampling (no row ending early) give the eager tokens on these models.
 * A step compiles once per model structure and shape, is kept on disk under a key of all it was
   traced from and loaded by another process (a torn or foreign file compiled again); it reads
@@ -51,7 +51,9 @@ from attnkit.machine import compile_cache
 pytestmark = pytest.mark.slow  # every test compiles (a few seconds each)
 
 STEPS = 12
-FP32 = {"atol": 1e-4, "rtol": 1e-4}
+# Float32's reordered sums: T5's unscaled attention logits over a memory padded to its bucket
+# once reached 1.1e-4 (1 logit of 39,000).
+FP32 = {"atol": 2e-4, "rtol": 1e-4}
 
 
 @pytest.fixture(autouse=True)
@@ -510,6 +512,23 @@ def test_compile_refusals() -> None:
     with pytest.raises(ValueError, match="a prompt of 70 positions does not fit a fixed cache of 64"):
         fixed = model.decoder.new_cache(capacity=64, fixed=True)
         model(random_ids(1, (1, 70), model.config.vocab_size), cache=fixed)
+
+
+@pytest.mark.skipif(gemm.engine() is None, reason="no int8 GEMM on this CPU: eager and compiled run the block kernel")
+def test_compile_true_where_eager_takes_the_int8_gemm_says_so_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hf_gpt2(0).save_pretrained(tmp_path)
+    for weights, rows, warned in (("int8", gemm.MANY_ROWS, True), ("int8", gemm.MANY_ROWS - 1, False),
+                                  ("fp32", gemm.MANY_ROWS, False)):  # fmt: skip
+        model = attnkit.from_pretrained(tmp_path, weights=weights)
+        caplog.clear()
+        IncrementalModel(model, random_ids(1, (rows, 5), model.config.vocab_size), None, max_new_tokens=4, compile=True)
+        lines = [r.getMessage() for r in caplog.records if "compile=True at" in r.getMessage()]
+        assert lines == ([f"compile=True at {rows} rows of quantised weights: the compiled step multiplies through "
+                          "attnkit's block kernel, not the int8 GEMM eager decoding uses from 8 rows on, and is slower "
+                          "here; decode eagerly (compile=False, --no-compile) or in batches of fewer rows"]
+                         if warned else []), (weights, rows)  # fmt: skip
 
 
 @pytest.mark.parametrize("convert", ["to bfloat16", "half", "from_pretrained bf16"])
