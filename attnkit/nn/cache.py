@@ -242,13 +242,20 @@ class BeamKVCache:
         for buffer, new in ((self._k, k), (self._v, v)):
             buffer.view(B, H, capacity, g, -1)[:, :, filled] = new.reshape(B, g, H, -1).transpose(1, 2)
         self._length = filled = filled + 1
-        attend = self.history.mask(filled, filled)  # (B, 1, k, filled·k)
-        if mask is not None:  # an example's beams share their prompt's padding: take beam 0's
-            example = mask[::g].reshape(B, 1, 1, filled, 1).expand(-1, -1, -1, -1, g)
-            attend = attend & example.reshape(B, 1, 1, filled * g)
-        if bias is not None:
-            bias = bias.repeat_interleave(g, dim=-1)
+        attend, bias = self._over_slots(self.history.mask(filled, filled), mask, bias, filled)
         return self._k[:, :, : filled * g], self._v[:, :, : filled * g], attend, bias
+
+    def _over_slots(
+        self, attend: Tensor, mask: Tensor | None, bias: Tensor | None, positions: int
+    ) -> tuple[Tensor, Tensor | None]:
+        """The ancestry mask ``attend`` (B, 1, k, positions·k) and the ``bias`` (1, H, 1,
+        positions) over the k slots of each position, the key padding ``mask`` (B·k, 1, 1,
+        positions) joined in: an example's beams share their prompt's padding, beam 0's."""
+        g = self.history.groups
+        if mask is not None:
+            example = mask[::g].reshape(-1, 1, 1, positions, 1).expand(-1, -1, -1, -1, g)
+            attend = attend & example.reshape(-1, 1, 1, positions * g)
+        return attend, None if bias is None else bias.repeat_interleave(g, dim=-1)
 
     def _grow(self, capacity: int) -> None:
         assert self._k is not None and self._v is not None
@@ -325,12 +332,7 @@ class FixedBeamKVCache(BeamKVCache):
         slots = slot * g + torch.arange(g, device=slot.device)  # (k,)
         for buffer, new in ((self._k, k), (self._v, v)):  # (B·k, H, 1, d) -> (B, H, k, d)
             buffer.index_copy_(2, slots, new.reshape(B, g, H, -1).transpose(1, 2))
-        attend = self.history.reach(slot, capacity)  # (B, 1, k, capacity·k)
-        if mask is not None:  # an example's beams share their prompt's padding: take beam 0's
-            example = mask[::g].reshape(B, 1, 1, capacity, 1).expand(-1, -1, -1, -1, g)
-            attend = attend & example.reshape(B, 1, 1, capacity * g)
-        if bias is not None:
-            bias = bias.repeat_interleave(g, dim=-1)
+        attend, bias = self._over_slots(self.history.reach(slot, capacity), mask, bias, capacity)
         return self._k, self._v, attend, bias
 
 
