@@ -15,8 +15,8 @@
   cache into the step's fixed layout and decodes the eager tokens on; a shorter job compiles
   nothing.
 * Beam search compiled gives the eager hypotheses (examples ending early, budgets), in one
-  graph, in fp32 on four families and in bf16, int8 and int4 on Marian's; reordering a one-path decode and a prompt longer than the fixed cache are refused in
-  one line.
+  graph, in fp32 on four families and in bf16, int8 and int4 on Marian's; reordering a
+  one-path decode and a prompt longer than the fixed cache are refused in one line.
 """
 
 from __future__ import annotations
