@@ -22,11 +22,13 @@ for the int8 GEMM of many rows, :mod:`attnkit.kernels.gemm`).
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import platform
 from dataclasses import dataclass
 from datetime import date
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -205,6 +207,17 @@ def cpu_identity() -> str:
     forced ``ATEN_CPU_CAPABILITY``."""
     capability = os.environ.get("ATEN_CPU_CAPABILITY", "")
     return f"{_cpu_model()}|{','.join(sorted(cpu_flags() & _FLAGS_THAT_MATTER))}|{capability}"
+
+
+@functools.cache
+def code_identity() -> str:
+    """A hash of attnkit's Python source (each file's path and bytes): what was made from it and
+    kept on the disk (a compiled step, a prepared model) is keyed by it."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def compile_cache() -> str | None:

@@ -20,7 +20,6 @@ it was, with one line.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from attnkit.machine import cpu_class
+from attnkit.machine import code_identity, cpu_class
 from attnkit.models import Model, auto, load_saved
 from attnkit.models.auto import Choice, Job
 
@@ -56,7 +55,7 @@ def entry(source: Path, job: Job) -> Path:
         "source": str(source.resolve()),
         "files": [(name, stat.st_size, stat.st_mtime_ns) for name, stat in stats],
         "job": job,
-        "attnkit": code(),
+        "attnkit": code_identity(),
         "torch": torch.__version__,
         "cpu_class": cpu_class().name,
         "order": auto.ORDER[job],
@@ -64,15 +63,6 @@ def entry(source: Path, job: Job) -> Path:
     }
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     return root() / f"{source.name}-{job}-{digest}"
-
-
-@functools.cache
-def code() -> str:
-    """A hash of attnkit's source files (2,000 lines a second's hundredth)."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.rglob("*.py")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def read(source: Path, job: Job) -> tuple[Model, Choice] | None:

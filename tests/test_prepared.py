@@ -72,7 +72,7 @@ def test_anything_the_choice_depends_on_prepares_again(tmp_path: Path, cache: Pa
     elif change == "torch":
         monkeypatch.setattr(torch, "__version__", "0.0.0")
     elif change == "code":
-        monkeypatch.setattr(prepared, "code", lambda: "another")
+        monkeypatch.setattr(prepared, "code_identity", lambda: "another")
     else:
         monkeypatch.setitem(attnkit.models.auto.BOUNDS, "int8", 1.02)
     assert prepared.read(path, "decode") is None

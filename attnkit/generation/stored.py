@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import hashlib
 import io
 import logging
@@ -41,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.durable import replace_file
-from attnkit.machine import cpu_identity
+from attnkit.machine import code_identity, cpu_identity
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +48,6 @@ FORMAT = b"attnkit compiled step 1\n"
 SUFFIX = ".step"
 # Environment variables read while a step is traced (kernel choices) or by the kernels it calls.
 SETTINGS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "FBGEMM_ENABLE_INSTRUCTIONS")
-
-
-@functools.cache
-def _source() -> str:
-    """A hash of attnkit's Python source: a step is traced from it."""
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def _value(value: Any) -> str:
@@ -120,7 +109,7 @@ def describe(fn: Callable[..., Any], model: nn.Module, args: tuple[Any, ...], op
     """Everything a compiled step depends on but the weights' values, as text (the file's header)."""
     lines = [
         f"torch {torch.__version__}",
-        f"attnkit source {_source()}",
+        f"attnkit source {code_identity()}",
         f"cpu {cpu_identity()}",
         f"threads {torch.get_num_threads()}",
         f"settings {[(k, os.environ.get(k)) for k in SETTINGS]}",
