@@ -129,7 +129,7 @@ class BeamHistory:
         self.groups, self.fixed = groups, fixed
         self.origin: Tensor | None = None  # (B, k, capacity) long
         self._stamped = -1  # the last time whose slots were stamped as each beam's own
-        self._masks: dict[tuple[int, int], Tensor] = {}  # (capacity, filled) -> ancestry mask
+        self._masks: dict[int, Tensor] = {}  # filled -> ancestry mask
 
     def start(self, batch: int, length: int, capacity: int, device: torch.device) -> None:
         """The prompt (or start token): every beam of an example holds the same, each its own copy."""
@@ -163,13 +163,12 @@ class BeamHistory:
             self.origin = reordered
         self._masks = {}
 
-    def mask(self, capacity: int, filled: int) -> Tensor:
-        """(B, 1, k, capacity·k) bool: query beam i may attend the slot (t, j) of an ancestor."""
-        key = (capacity, filled)
-        if key not in self._masks:
+    def mask(self, filled: int) -> Tensor:
+        """(B, 1, k, filled·k) bool: query beam i may attend the slot (t, j) of an ancestor."""
+        if filled not in self._masks:
             assert self.origin is not None
-            self._masks = {key: self._ancestry(torch.arange(capacity, device=self.origin.device) < filled)}
-        return self._masks[key]
+            self._masks = {filled: self._ancestry(self.origin.new_ones(filled, dtype=torch.bool))}
+        return self._masks[filled]
 
     def reach(self, slot: Tensor, capacity: int) -> Tensor:
         """:meth:`mask` up to and including the position ``slot`` (1,) a compiled step writes,
@@ -242,7 +241,7 @@ class BeamKVCache:
         for buffer, new in ((self._k, k), (self._v, v)):
             buffer.view(B, H, capacity, g, -1)[:, :, filled] = new.reshape(B, g, H, -1).transpose(1, 2)
         self._length = filled = filled + 1
-        attend, bias = self._over_slots(self.history.mask(filled, filled), mask, bias, filled)
+        attend, bias = self._over_slots(self.history.mask(filled), mask, bias, filled)
         return self._k[:, :, : filled * g], self._v[:, :, : filled * g], attend, bias
 
     def _over_slots(
