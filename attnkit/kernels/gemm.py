@@ -27,6 +27,7 @@ AVX2 CPU's fbgemm on a bigger one, also set ``FBGEMM_ENABLE_INSTRUCTIONS=AVX2`` 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import warnings
@@ -112,7 +113,8 @@ def pack(q: Tensor, scales: Tensor, bias: Tensor | None, name: str) -> torch.Scr
 def suits(x: Tensor) -> bool:
     """Whether ``x`` (m, k) is narrow enough for one scale: (max - min) / RMS <= :data:`MAX_SPREAD`."""
     low, high = torch.aminmax(x)
-    return bool(high - low <= MAX_SPREAD * x.square().mean().sqrt())
+    rms = torch.linalg.vector_norm(x) / math.sqrt(x.numel())  # one pass, no (m, k) temporary
+    return bool(high - low <= MAX_SPREAD * rms)
 
 
 def matmul(x: Tensor, packed: torch.ScriptObject, name: str) -> Tensor:

@@ -179,18 +179,29 @@ class BlockLinear(Quantized):
             self.refresh()
         return self.blocks, self.block_scales, self.block_mins, self.packed
 
-    def many_rows(self, x: Tensor, engine: str, bias: Tensor | None = None) -> Tensor:
-        """``x`` (m, k padded) fp32 of :data:`gemm.MANY_ROWS` rows or more times the weights through
-        the int8 GEMM of ``engine`` (:mod:`attnkit.kernels.gemm`), plus the layer's bias and
-        ``bias`` (a vocabulary projection's, in the GEMM's own pass): (m, out). Its int8 weights per
-        output row are made from the blocks at the first such product (held beside them, as many
-        bytes again as Q8_0's) and again after the blocks or a bias change."""
-        self.refresh()
-        key = engine, None if bias is None else (id(bias), bias._version)
+    def many_rows(
+        self, x: Tensor, engine: str, bias: Tensor | None = None, others: Sequence[BlockLinear] = ()
+    ) -> Tensor:
+        """``x`` (m, k padded) fp32 of :data:`gemm.MANY_ROWS` rows or more times the weights of this
+        layer and of ``others`` (layers of the same input, their rows stacked after this one's:
+        attention's w_q, w_k, w_v in one product, the activations quantised once) through the int8
+        GEMM of ``engine`` (:mod:`attnkit.kernels.gemm`), plus the layers' biases and ``bias`` (a
+        vocabulary projection's, in the GEMM's own pass): (m, out + Σ others' out). Their int8
+        weights per output row are made from the blocks at the first such product (held beside
+        this layer's blocks, as many bytes again as the layers' Q8_0) and again after any of the
+        blocks or a bias change."""
+        layers = (self, *others)
+        for layer in layers:
+            layer.refresh()
+        key = engine, None if bias is None else (id(bias), bias._version), tuple((id(o), o._versions()) for o in others)
         if self._gemm is None or self._gemm[0] != key:
-            q, scales = quantize_rows(kernels.dequantize(self.layout, *self.whole()))
-            added = [b.float() for b in (self.bias, bias) if b is not None]
-            self._gemm = key, gemm.pack(q, scales, sum(added) if added else None, engine)
+            q, scales = quantize_rows(torch.cat([kernels.dequantize(layer.layout, *layer.whole()) for layer in layers]))
+            added = None
+            if bias is not None or any(layer.bias is not None for layer in layers):
+                added = torch.cat([torch.zeros(layer.out_features) if layer.bias is None else layer.bias.float()
+                                   for layer in layers])  # fmt: skip
+                added = added if bias is None else added + bias.float()
+            self._gemm = key, gemm.pack(q, scales, added, engine)
         return gemm.matmul(x, self._gemm[1], engine)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):  # nn.Module's signature
@@ -222,8 +233,8 @@ class BlockLinear(Quantized):
 def products(x: Tensor, layers: Sequence[nn.Module], bias: Tensor | None = None) -> list[Tensor]:
     """Each of ``layers`` applied to one input ``x`` (attention's w_q, w_k, w_v; a gated FFN's w_1,
     w_3); ``bias``, with one layer only, added to its output (a vocabulary projection's). Where all
-    are :class:`BlockLinear` of one layout: from :data:`gemm.MANY_ROWS` rows of ``x`` on, each
-    through the int8 GEMM (:meth:`BlockLinear.many_rows`) where ``x`` is narrow enough for its one
+    are :class:`BlockLinear` of one layout: from :data:`gemm.MANY_ROWS` rows of ``x`` on, all
+    through one int8 GEMM (:meth:`BlockLinear.many_rows`) where ``x`` is narrow enough for its one
     scale (:func:`gemm.suits`; eager only: ``torch.compile`` cannot trace its packed weights);
     else one kernel call computes them all (:func:`attnkit.kernels.block_matmuls`): at batch 1 a
     product of a small matrix costs more in its call than in its arithmetic. Any other layers are called one by one."""
@@ -235,11 +246,13 @@ def products(x: Tensor, layers: Sequence[nn.Module], bias: Tensor | None = None)
     flat = first._inputs(x).float()
     many = len(flat) >= gemm.MANY_ROWS and flat.device.type == "cpu" and not torch.compiler.is_compiling()
     engine = gemm.engine() if many else None
-    if engine is not None and gemm.suits(flat):
-        return [layer.many_rows(flat, engine, bias).to(x.dtype).reshape(*x.shape[:-1], -1) for layer in layers]
+    sizes = [layer.out_features for layer in layers]
+    if engine is not None and gemm.suits(flat):  # one GEMM for all, their biases added in it
+        out = first.many_rows(flat, engine, bias, layers[1:]).to(x.dtype)  # (N, Σ n_i)
+        return [part.reshape(*x.shape[:-1], -1) for part in out.split(sizes, dim=-1)]
     weights = [layer.weights() for layer in layers]
     out = kernels.block_matmuls(flat, first.layout, weights).to(x.dtype)
-    parts = out.split([layer.out_features for layer in layers], dim=-1)  # (N, Σ n_i) -> (N, n_i) each
+    parts = out.split(sizes, dim=-1)  # (N, Σ n_i) -> (N, n_i) each
     outs = [layer._finish(part, x) for layer, part in zip(layers, parts, strict=True)]
     return outs if bias is None else [outs[0] + bias]
 

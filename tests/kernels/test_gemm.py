@@ -119,6 +119,32 @@ def test_the_many_row_weights_follow_a_load_and_the_vocabulary_bias(monkeypatch,
 
 
 @x86
+@needs_c
+@pytest.mark.parametrize("engine", EXACT_ENGINES)
+def test_layers_of_one_input_take_one_gemm(monkeypatch, engine: str) -> None:
+    """Attention's w_q, w_k, w_v of one input go through one GEMM, their rows stacked and the input
+    quantised once: each output is its layer's own GEMM's, with or without a bias; the stacked
+    weights are held once, by the first layer, and follow a load into another of them."""
+    monkeypatch.setenv(gemm.GEMM_ENV, engine)
+    g = torch.Generator().manual_seed(8)
+    layers = [
+        BlockLinear.of(torch.randn(n, 100, generator=g), "q8_0", torch.randn(n, generator=g) if with_bias else None)
+        for n, with_bias in ((48, True), (37, False), (64, True))
+    ]
+    x = torch.randn(3, 7, 100, generator=g)  # 21 rows: the GEMM's
+    together = products(x, layers)
+    assert layers[0]._gemm is not None and all(layer._gemm is None for layer in layers[1:])
+    for _ in range(2):
+        alone = [layer(x) for layer in layers]  # each its own GEMM
+        for got, expected in zip(together, alone, strict=True):
+            assert got.shape == expected.shape
+            assert_close(got, expected)
+        loaded = BlockLinear.of(torch.randn(64, 100, generator=g), "q8_0", torch.randn(64, generator=g))
+        layers[2].load_state_dict(loaded.state_dict())
+        together = products(x, layers)
+
+
+@x86
 def test_the_engine_follows_the_stated_rule(monkeypatch) -> None:
     monkeypatch.delenv(gemm.GEMM_ENV, raising=False)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
