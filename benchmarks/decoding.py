@@ -15,7 +15,8 @@ same weights, in one process, 2 threads each:
    tokens/s of attnkit in each format against ``transformers`` fp32 and CTranslate2 int8 (its
    converter needs a Marian tokenizer: a small SentencePiece model is trained for it here).
    The end token's logit bias is -10⁴ in the shared weights, so every system decodes all 32
-   tokens of every beam and the work is identical.
+   tokens of every beam and the work is identical. The sources go in batches of similar length
+   (attnkit's ``length_sorted``, as ``attnkit translate`` makes them; CTranslate2 sorts its own).
 3. ``python -m benchmarks smollm2`` (:func:`smollm2`): the real SmolLM2-135M from its GGUF file,
    attnkit in each format (``gguf``: the file's own Q4_1/Q8_0 blocks) against ``transformers``
    and llama.cpp (``llama-cpp-python``, optional) on the same file, with the floors.
@@ -51,7 +52,7 @@ from pathlib import Path
 import torch
 
 import attnkit
-from attnkit.generation.batches import pad_right
+from attnkit.generation.batches import length_sorted, pad_right
 from attnkit.machine import keep_freed_memory
 from benchmarks.common import Comparison, round_robin
 from benchmarks.ct2_worker import Worker
@@ -291,7 +292,9 @@ def marian(repeats: int, small: bool, skipped: dict[str, str], worker: Worker | 
     g = torch.Generator().manual_seed(1)
     lengths = torch.randint(8, 41, (sources,), generator=g)
     texts = [[*torch.randint(2, V - 1, (int(n),), generator=g).tolist(), 0] for n in lengths]  # + the end token
-    batches = [pad_right(texts[i : i + batch], V - 1) for i in range(0, sources, batch)]
+    # Batches of similar length, as attnkit's translate makes them and CTranslate2's translate_batch
+    # makes its own from all the sources (max_batch_size): each side pads as little as the other.
+    batches = [pad_right([texts[i] for i in b], V - 1) for b in length_sorted([len(t) for t in texts], batch)]
     options = dict(num_beams=BEAMS, max_new_tokens=TARGET)
     calls: dict[str, Callable[[], object]] = {}
     with tempfile.TemporaryDirectory() as tmp:
