@@ -64,7 +64,8 @@ def _compare(
     pre: RunConfig, pre_dir: Path, arms: dict[str, Arm], score: Callable[[Path, RunConfig], dict[str, Any]]
 ) -> dict[str, dict[str, Any]]:
     """Pretrain ``pre`` into ``pre_dir``, then train every arm beside it and ``score`` it; a
-    pretrained arm's seconds include the pretraining's."""
+    pretrained arm's seconds include the pretraining's, and its pretraining's steps are kept beside
+    its own (``steps``), so that the totals the arms trained can be checked."""
     before, pre_final = train(pre, pre_dir, force=True, progress_bar=False)
     task_data = None
     results = {}
@@ -77,6 +78,7 @@ def _compare(
             **score(run_dir, arm.run), "valid_loss": final["loss"], "steps": done.step,
             "seconds": done.seconds + (before.seconds if arm.pretrained else 0.0),
             "pretraining_seconds": before.seconds if arm.pretrained else 0.0,
+            "pretraining_steps": before.step if arm.pretrained else 0,
             "pretraining_loss": pre_final["loss"] if arm.pretrained else None,
         }  # fmt: skip
     return results
