@@ -126,6 +126,9 @@ class BlockLinear(Quantized):
         self.register_buffer("block_mins", mins)
         self.register_buffer("packed", None, persistent=False)
         self._packed_from: tuple[int, ...] | None = None  # the blocks' versions when they were split
+        # Times the blocks were split: a stack of this layer's weights held by another layer
+        # (:meth:`many_rows`) keys on it (the versions start again from the split's new tensors).
+        self._splits = 0
         self._gemm: tuple[tuple, torch.ScriptObject] | None = None  # ((engine, extra bias), weights): many rows
 
     @classmethod
@@ -166,6 +169,7 @@ class BlockLinear(Quantized):
                 self.layout, self.blocks, self.block_scales, self.block_mins
             )
         self._packed_from = self._versions()
+        self._splits += 1
 
     def refresh(self) -> None:
         """:meth:`repack` if the blocks changed in place since they were split (a load)."""
@@ -193,7 +197,7 @@ class BlockLinear(Quantized):
         layers = (self, *others)
         for layer in layers:
             layer.refresh()
-        key = engine, None if bias is None else (id(bias), bias._version), tuple((id(o), o._versions()) for o in others)
+        key = engine, None if bias is None else (id(bias), bias._version), tuple((id(o), o._splits) for o in others)
         if self._gemm is None or self._gemm[0] != key:
             q, scales = quantize_rows(torch.cat([kernels.dequantize(layer.layout, *layer.whole()) for layer in layers]))
             added = None

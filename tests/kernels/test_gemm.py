@@ -132,16 +132,20 @@ def test_layers_of_one_input_take_one_gemm(monkeypatch, engine: str) -> None:
         for n, with_bias in ((48, True), (37, False), (64, True))
     ]
     x = torch.randn(3, 7, 100, generator=g)  # 21 rows: the GEMM's
-    together = products(x, layers)
-    assert layers[0]._gemm is not None and all(layer._gemm is None for layer in layers[1:])
-    for _ in range(2):
+    for changed in (None, 1, 2):  # as made; after a load into a layer without a bias; into one with
+        products(x, layers)  # the stacked weights made (again: the layers alone below make their own)
+        if changed is not None:
+            n, with_bias = layers[changed].out_features, layers[changed].bias is not None
+            bias = torch.randn(n, generator=g) if with_bias else None
+            loaded = BlockLinear.of(torch.randn(n, 100, generator=g), "q8_0", bias)
+            layers[changed].load_state_dict(loaded.state_dict())
+        together = products(x, layers)
+        if changed is None:
+            assert layers[0]._gemm is not None and all(layer._gemm is None for layer in layers[1:])
         alone = [layer(x) for layer in layers]  # each its own GEMM
         for got, expected in zip(together, alone, strict=True):
             assert got.shape == expected.shape
             assert_close(got, expected)
-        loaded = BlockLinear.of(torch.randn(64, 100, generator=g), "q8_0", torch.randn(64, generator=g))
-        layers[2].load_state_dict(loaded.state_dict())
-        together = products(x, layers)
 
 
 @x86
