@@ -529,10 +529,10 @@ class DataConfig:
     sentence per line) for the language-model objectives, tab-separated source/target files for
     translation, ``text<TAB>label`` files for classification. ``"bible"``: aligned public-domain
     Bibles (see :mod:`attnkit.data.corpora`), split by whole chapters. ``"numbers"``: number
-    words from num2words. ``"testament"`` (classification): which Testament a verse of
-    ``source``'s Bible is from, split by whole chapters."""
+    words from num2words. ``"testament"`` and ``"books"`` (classification): which Testament, or
+    which of the 66 books, a verse of ``source``'s Bible is from, split by whole chapters."""
 
-    corpus: Literal["files", "bible", "numbers", "testament"] = "files"  # files: data.path; the others are built in
+    corpus: Literal["files", "bible", "numbers", "testament", "books"] = "files"  # files: data.path; others built in
     path: tuple[str, ...] = ()
     source: str = "4"  # bible: source translation (4 = World English); numbers: source language (num2words)
     target: str = "l"  # bible: target translation (l = Louis Segond 1910); numbers: target language
@@ -551,6 +551,9 @@ class DataConfig:
     # (e.g. fr=3: a bigger share of the vocabulary for French); () = once each.
     tokenizer_weights: tuple[str, ...] = ()
     max_tokens: int = 128  # longer examples are truncated
+    # Train on this many of the training examples (a seeded choice, in proportion to each class
+    # for classification: attnkit.data.batching.few_examples); None = all. Fine-tuning with few labels.
+    train_examples: int | None = None
     valid_fraction: float = 0.02  # held out for evaluation
     # A short-example curriculum: the first curriculum_epochs epochs train only on the examples
     # of at most curriculum_max_tokens padded positions (specials included); None = none.
@@ -573,6 +576,10 @@ class DataConfig:
             raise ValueError(
                 f"data.vocab_size must be >= 300 (bytes + specials) and data.max_tokens >= 4, got "
                 f"{self.vocab_size} and {self.max_tokens}"
+            )
+        if self.train_examples is not None and self.train_examples < 1:
+            raise ValueError(
+                f"data.train_examples must be >= 1 (or null for every training example), got {self.train_examples}"
             )
         if not 0.0 < self.valid_fraction < 0.5:
             raise ValueError(f"data.valid_fraction must be in (0, 0.5), got {self.valid_fraction}")

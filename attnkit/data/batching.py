@@ -384,3 +384,24 @@ def split_train_valid(n: int, valid_fraction: float, seed: int) -> tuple[list[in
     examples, at least one when ``valid_fraction > 0``."""
     held = valid_mask(n, valid_fraction, seed)
     return np.flatnonzero(~held).tolist(), np.flatnonzero(held).tolist()
+
+
+def few_examples(n: int, count: int, seed: int, strata: np.ndarray | None = None) -> np.ndarray:
+    """``count`` of ``n`` training examples (their indices, increasing), as a function of
+    ``seed`` alone: the few labels of a fine-tuning run. With ``strata`` ((n,) ints, e.g. each
+    example's class), every stratum gets its share of ``count`` in proportion to its size (the
+    remainders, largest first, ties in a seeded order), so that 100 of 66 books' verses hold
+    each book about as often as the whole split does."""
+    if not 1 <= count <= n:
+        raise ValueError(f"{count} examples asked of a training split of {n}; give 1 to {n}")
+    rng = np.random.default_rng(seed)
+    if strata is None:
+        return np.sort(permutation(rng, n)[:count])
+    kinds, sizes = np.unique(strata, return_counts=True)
+    share = sizes * count / n  # each stratum's exact share
+    take = np.floor(share).astype(np.int64)
+    order = np.lexsort((rng.permutation(len(kinds)), -(share - take)))  # largest remainder first
+    take[order[: count - int(take.sum())]] += 1
+    members = (np.flatnonzero(strata == kind) for kind in kinds)
+    picked = [index[permutation(rng, size)[:k]] for index, size, k in zip(members, sizes, take, strict=True)]
+    return np.sort(np.concatenate(picked))

@@ -231,6 +231,25 @@ def testament(code: str = "4", seed: int = 0) -> Split[tuple[str, str]]:
     return _split({key: (text, TESTAMENTS[key[0] > 39]) for key, text in verses.items()}, seed)
 
 
+def books(code: str = "4", seed: int = 0) -> Split[tuple[str, str]]:
+    """(verse, its book's name) of one translation: which of the 66 books a verse is from, a
+    harder classification task than :func:`testament` (neighbouring books share authors, themes
+    and names). Held out by whole chapters, one of each book of three chapters or more in
+    validation and one in test, so that both cover 60 books, each with a chapter's verses."""
+    verses = _verses(code)
+    rng = random.Random(seed)
+    which: dict[tuple[int, int], str] = {}
+    for book in sorted({b for b, _, _ in verses}):
+        chapters = sorted({c for b, c, _ in verses if b == book})
+        if len(chapters) >= 3:
+            valid, test = rng.sample(chapters, 2)
+            which[book, valid], which[book, test] = "valid", "test"
+    parts: dict[str, list[tuple[str, str]]] = {name: [] for name in SPLITS}
+    for key in sorted(verses):
+        parts[which.get(key[:2], "train")].append((verses[key], BOOKS[key[0] - 1]))
+    return Split(**parts)
+
+
 def bible_text(codes: Sequence[str] = ("k", "4"), seed: int = 0) -> Split[str]:
     """Monolingual verses (default King James + World English), split by chapter; every
     translation of a held-out chapter is held out."""

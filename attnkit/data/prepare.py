@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from attnkit.config import RunConfig
 from attnkit.data import corpora, store
-from attnkit.data.batching import TokenBatches, valid_mask
+from attnkit.data.batching import TokenBatches, few_examples, valid_mask
 from attnkit.data.files import Kind, as_paths, iter_examples, open_text, read_labeled, read_lines, read_pairs
 from attnkit.data.specials import ModelSpecials, Specials
 from attnkit.data.tokenizer import encode_batch, has_specials, load_tokenizer, specials_of, train_tokenizer
@@ -72,13 +72,15 @@ def check_corpus(run: RunConfig) -> None:
     """Refuse a corpus the run's objective cannot train on, before anything is read."""
     data, translation = run.data, run.objective == "translation"
     if run.objective == "classify":
-        if data.corpus not in ("testament", "files"):
-            raise ValueError(f"classification reads text<TAB>label files or the testament corpus, not {data.corpus!r}")
+        if data.corpus not in ("testament", "books", "files"):
+            raise ValueError(
+                f"classification reads text<TAB>label files or the testament or books corpus, not {data.corpus!r}"
+            )
         if data.corpus == "files" and not data.path:
             raise ValueError("no training data: pass --data.path FILE of text<TAB>label lines")
         return
-    if data.corpus == "testament":
-        raise ValueError("the testament corpus is a classification task: train it with train.objective=classify")
+    if data.corpus in ("testament", "books"):
+        raise ValueError(f"the {data.corpus} corpus is a classification task: train it with train.objective=classify")
     if data.corpus == "bible" and data.tasks and not translation:
         raise ValueError("data.tasks are text-to-text pairs: train them with train.objective=translation")
     if data.corpus == "numbers" and not translation:
@@ -95,6 +97,8 @@ def read_texts(run: RunConfig) -> corpora.Split[Any]:
     data, translation = run.data, run.objective == "translation"
     if data.corpus == "testament":
         return corpora.testament(data.source)
+    if data.corpus == "books":
+        return corpora.books(data.source)
     if data.corpus == "bible":
         if translation and data.tasks:
             return corpora.bible_tasks(data.tasks)
@@ -286,7 +290,7 @@ def recipe_of(run: RunConfig) -> store.Recipe:
         else:
             inputs = [store.describe_input(corpora.bible_db())]
         ignored = {"path", "tokenizer", "vocab_size", "tokenizer_weights", "max_tokens", "valid_fraction"}
-        ignored |= {"curriculum_max_tokens", "curriculum_epochs"}
+        ignored |= {"curriculum_max_tokens", "curriculum_epochs", "train_examples"}  # chosen after the store
         settings = {k: v for k, v in data.__dict__.items() if k not in ignored} | {"seed": run.train.seed}
         settings = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
     vocab = {"vocab_size": data.vocab_size, "tokenizer_weights": list(data.tokenizer_weights), "seed": run.train.seed}
@@ -351,10 +355,23 @@ def load_data(
         raise ValueError(
             "the corpus gave no usable training or validation example; check data.path and data.max_tokens"
         )
+    if run.data.train_examples is not None:
+        train = few(train, run.data.train_examples, run.train.seed)
     if run.objective == "classify":
         specials = specials_of(tokenizer) if has_specials(tokenizer) else None
         return Data(tokenizer, specials, train, valid, test, labels=prepared.labels)
     return Data(tokenizer, specials or specials_of(tokenizer), train, valid, test)
+
+
+def few(train: store.Examples, count: int, seed: int) -> store.Examples:
+    """``count`` of the training examples (data.train_examples), chosen by ``seed``, each class
+    in proportion where they are labelled."""
+    if count > len(train):
+        raise ValueError(
+            f"data.train_examples={count} is more than the {len(train)} training examples there are; give at most "
+            f"{len(train)}, or null for all"
+        )
+    return train.take(few_examples(len(train), count, seed, train.labels))
 
 
 def train_batches(run: RunConfig, data: Data) -> TokenBatches:

@@ -179,6 +179,23 @@ class Rows:
         return out
 
 
+class Picked:
+    """Some rows of a :class:`Rows` (``index``, increasing), read on demand as it reads them."""
+
+    def __init__(self, rows: Rows | Picked, index: np.ndarray) -> None:
+        self.rows, self.index, self.count = rows, index, len(index)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def row(self, i: int) -> np.ndarray:
+        return self.rows.row(int(self.index[i]))
+
+    @functools.cached_property
+    def lengths(self) -> np.ndarray:
+        return self.rows.lengths[self.index]
+
+
 def _close(*fds: int) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
@@ -191,7 +208,7 @@ class Examples(Sequence[Any]):
     ``max_tokens`` as :func:`attnkit.data.prepare.encode` and ``encode_labeled`` cut them
     (room left for the objective's specials; a labelled row keeps its closing special)."""
 
-    def __init__(self, kind: Kind, rows: Sequence[Rows], labels: np.ndarray | None, max_tokens: int) -> None:
+    def __init__(self, kind: Kind, rows: Sequence[Rows | Picked], labels: np.ndarray | None, max_tokens: int) -> None:
         self.kind, self.rows, self.labels, self.max_tokens = kind, rows, labels, max_tokens
 
     def __len__(self) -> int:
@@ -223,6 +240,11 @@ class Examples(Sequence[Any]):
             return fit(self.rows[0].row(i).tolist(), self.max_tokens), int(self.labels[i])
         cut = [rows.row(i)[: self.max_tokens - 2].tolist() for rows in self.rows]
         return tuple(cut) if self.kind == "pairs" else cut[0]
+
+    def take(self, index: np.ndarray) -> Examples:
+        """The examples at ``index`` (increasing), a view that reads them on demand."""
+        labels = None if self.labels is None else self.labels[index]
+        return Examples(self.kind, [Picked(rows, index) for rows in self.rows], labels, self.max_tokens)
 
     def costs(self) -> np.ndarray:
         """(n,) int32: the padded positions each example takes in a batch, specials included

@@ -69,3 +69,14 @@ def test_numbers_pairs_are_deterministic_and_need_reordering() -> None:
     assert len(split.train) + len(split.valid) + len(split.test) == 500
     assert not set(split.test) & set(split.train)
     assert ("twenty-one", "einundzwanzig") in split.train + split.valid + split.test
+
+
+def test_the_books_corpus_holds_out_a_chapter_of_each_book() -> None:
+    split = corpora.books("4")
+    assert corpora.books("4") == split  # the same chapters every time
+    assert {label for _, label in split.train} == set(corpora.BOOKS)
+    for part in (split.valid, split.test):
+        assert len({label for _, label in part}) == 60  # every book of three chapters or more
+    held = {(text, label) for text, label in split.valid + split.test}
+    assert len(held & set(split.train)) < 0.02 * len(held)  # only a book's refrains repeat verbatim
+    assert len(split.train) > 25_000

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnkit.config import run_preset
+from attnkit.config import apply_overrides, run_preset
 from attnkit.data import store
-from attnkit.data.batching import pack_arrays
+from attnkit.data.batching import few_examples, pack_arrays
 from attnkit.data.prepare import (
     cost,
     costs,
@@ -33,6 +34,7 @@ from attnkit.data.prepare import (
     load_data,
     read_texts,
     tokenizer_texts,
+    train_batches,
     weigh_tasks,
 )
 from attnkit.data.tokenizer import train_tokenizer
@@ -312,3 +314,37 @@ def test_two_processes_needing_one_store_build_it_once(tmp_path: Path, own_store
         thread.join()
     assert len(store_dirs(own_store)) == 1
     assert list(results[0].train) == list(results[1].train)
+
+
+def test_a_run_trains_on_the_chosen_examples_of_the_same_store(tmp_path: Path, own_store: Path) -> None:
+    path = write_corpus(tmp_path / "corpus.txt", "labeled", n=600)
+    everything = load_data(run_of("labeled", path), None)
+    few = load_data(run_of("labeled", path, train_examples=40), None)
+    assert len(store_dirs(own_store)) == 1  # one store for every label count
+    assert few.tokenizer.to_str() == everything.tokenizer.to_str()
+    assert list(few.valid) == list(everything.valid)  # evaluated on the whole held-out split
+    chosen = few_examples(len(everything.train), 40, 0, everything.train.labels)
+    assert list(few.train) == [everything.train[int(i)] for i in chosen]
+    np.testing.assert_array_equal(costs(few.train), [cost(e) for e in few.train])
+    shares = Counter(label for _, label in everything.train)
+    for label, n in Counter(label for _, label in few.train).items():
+        assert abs(n - 40 * shares[label] / len(everything.train)) < 1
+    batches = train_batches(run_of("labeled", path, train_examples=40), few)
+    assert sorted(i for batch in batches.epoch_batches(0) for i in batch) == list(range(40))
+
+
+def test_a_translation_run_takes_its_few_pairs_with_their_source_lengths(tmp_path: Path) -> None:
+    path = write_corpus(tmp_path / "corpus.txt", "pairs", n=300)
+    everything = load_data(run_of("pairs", path), None)
+    few = load_data(run_of("pairs", path, train_examples=25), None)
+    chosen = few_examples(len(everything.train), 25, 0)
+    assert list(few.train) == [everything.train[int(i)] for i in chosen]
+    np.testing.assert_array_equal(few.train.within(), [len(source) for source, _ in few.train])
+
+
+def test_more_examples_than_the_split_holds_is_one_line(tmp_path: Path) -> None:
+    path = write_corpus(tmp_path / "corpus.txt", "labeled", n=100)
+    with pytest.raises(ValueError, match=r"^data\.train_examples=5000 is more than the \d+ training examples"):
+        load_data(run_of("labeled", path, train_examples=5000), None)
+    with pytest.raises(ValueError, match=r"data\.train_examples must be >= 1"):
+        apply_overrides(run_of("labeled", path), {"data.train_examples": "0"})

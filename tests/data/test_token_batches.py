@@ -4,13 +4,14 @@ deterministic, resumable mid-epoch, and sharded disjointly over ranks."""
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnkit.data.batching import TokenBatches, pack, split_train_valid
+from attnkit.data.batching import TokenBatches, few_examples, pack, split_train_valid
 
 rng = np.random.default_rng(0)
 LENGTHS = rng.integers(1, 200, size=3000).tolist()
@@ -307,3 +308,33 @@ def test_the_epoch_kept_for_reuse_is_not_changed_by_a_caller() -> None:
     first[:2] = []  # padded_epoch halves batches in the list it is given
     assert batches.epoch_batches(1) == expected
     assert batches.epoch_batches(1) == TokenBatches(LENGTHS, BUDGET, seed=2).epoch_batches(1)
+
+
+def test_few_examples_are_a_function_of_the_seed_alone() -> None:
+    strata = np.random.default_rng(0).integers(0, 7, size=5000)
+    first = few_examples(5000, 300, seed=3, strata=strata)
+    np.testing.assert_array_equal(first, few_examples(5000, 300, seed=3, strata=strata.copy()))
+    assert not np.array_equal(first, few_examples(5000, 300, seed=4, strata=strata))
+    assert len(first) == 300 and len(np.unique(first)) == 300 and np.all(np.diff(first) > 0)
+    plain = few_examples(5000, 300, seed=3)
+    assert len(np.unique(plain)) == 300 and plain.max() < 5000
+
+
+@pytest.mark.parametrize(("count", "seed"), [(100, 0), (100, 1), (1000, 2), (67, 5)])
+def test_each_class_gets_its_share_within_one(count: int, seed: int) -> None:
+    """66 classes of very unequal sizes, as the books are (Psalms has 2,461 verses, 3 John 14)."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(14, 2500, size=66)
+    strata = rng.permutation(np.repeat(np.arange(66), sizes))
+    picked = few_examples(len(strata), count, seed, strata)
+    got = Counter(strata[picked].tolist())
+    share = sizes * count / len(strata)
+    assert sum(got.values()) == count
+    for kind in range(66):
+        assert np.floor(share[kind]) <= got.get(kind, 0) <= np.ceil(share[kind])
+
+
+@pytest.mark.parametrize("count", [0, 11])
+def test_a_count_outside_the_split_is_refused(count: int) -> None:
+    with pytest.raises(ValueError, match=rf"^{count} examples asked of a training split of 10; give 1 to 10$"):
+        few_examples(10, count, seed=0)
