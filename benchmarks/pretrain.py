@@ -1,0 +1,102 @@
+"""Each family's own pretraining on all the Bible text attnkit reads [sec:att-families]: BERT's
+masked LM, GPT's causal LM and T5's span corruption, on every public-domain translation of
+:data:`attnkit.data.corpora.BIBLES` (four languages), counted in updates so that the losses
+do not depend on the machine's load (its seconds do: run it on a quiet machine)::
+
+    python -m benchmarks pretrain --family bert|gpt|t5 [--steps N] [--dir DIR] [--small]
+
+The run trains into ``--dir`` (default ``runs/pretrain/FAMILY``) and resumes there, bitwise, when
+stopped and started again. Fine-tuning reads it by its directory:
+``attnkit train --preset minilm-testament --train.init=runs/pretrain/bert ...``
+(``python -m benchmarks fewlabels`` does, for every label count). Its curve, configuration and
+machine go to ``--out`` (default benchmarks/results): ``pretrain-FAMILY.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from attnkit.config import RunConfig, apply_overrides, run_preset
+from attnkit.data.corpora import BIBLES
+from attnkit.training.checkpoint import latest_checkpoint
+from attnkit.training.run import train
+from benchmarks.common import machine
+
+RESULTS = Path(__file__).parent / "results"
+PRESETS = {"bert": "bert-bible", "gpt": "gpt-bible", "t5": "t5-bible"}
+# Updates per family: about an hour each on a 2-core AVX512-BF16 CPU at 4,096-token batches.
+STEPS = {"bert": 3000, "gpt": 3000, "t5": 3000}
+# T5 pretrains at the rate, warm-up and dropout its tasks' preset trains at (docs/families.md's
+# recipe study), so that fine-tuning does not start from weights fitted to another recipe.
+_T5_RECIPE = {"train.lr": "3e-2", "train.warmup": "100", "model.dropout": "0.0"}
+_TINY = {"model.d_model": "64", "model.n_heads": "4", "model.d_ff": "128", "model.n_layers": "2"}
+
+
+def config(family: str, steps: int, small: bool = False) -> RunConfig:
+    """The family's pretraining run: its Bible preset on every translation, a cosine decay over
+    ``steps`` updates, a vocabulary large enough for four languages, validation loss every
+    tenth of the run."""
+    every = max(steps // 10, 1)
+    overrides = {
+        "data.bibles": ",".join(BIBLES), "data.vocab_size": "12000",
+        "train.max_steps": str(steps), "train.time_budget": "null", "train.schedule": "cosine",
+        "train.precision": "auto", "train.eval_every": str(every), "train.checkpoint_every": str(every),
+        "train.log_every": str(max(every // 5, 1)), "train.keep_checkpoints": "2",
+        **(_T5_RECIPE if family == "t5" else {}),
+        **({**_TINY, "data.vocab_size": "1000", "data.bibles": "4", "train.eval_batches": "2"} if small else {}),
+        **({"model.d_k": "16"} if small and family == "t5" else {}),
+    }  # fmt: skip
+    return apply_overrides(run_preset(PRESETS[family]), overrides)
+
+
+def curve(run_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
+    """(update, seconds of training, loss) of the run's training log and of its validation
+    evaluations (an evaluation's seconds are those of the update before it)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    seconds = {r["step"]: r["seconds"] for r in records if r["split"] == "train"}
+    return {
+        split: [(r["step"], seconds.get(r["step"], float("nan")), r["loss"])
+                for r in records if r["split"] == split and not r.get("final")]
+        for split in ("train", "valid")
+    }  # fmt: skip
+
+
+def run(family: str, steps: int, run_dir: Path, small: bool = False) -> dict[str, Any]:
+    """Pretrain (or resume) into ``run_dir``; the curve and what the run was."""
+    cfg = config(family, steps, small)
+    resume = latest_checkpoint(run_dir) is not None
+    done, final = train(cfg, run_dir, resume=resume, progress_bar=False)
+    return {
+        "family": family, "run_dir": str(run_dir), "updates": done.step, "seconds": done.seconds,
+        "tokens": done.tokens, "valid_loss": final["loss"], "curve": curve(run_dir),
+        "config": json.loads((run_dir / "run.json").read_text(encoding="utf-8")),
+    }  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks pretrain", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", choices=sorted(PRESETS), required=True)
+    parser.add_argument("--steps", type=int, help="updates (default: STEPS, per family)")
+    parser.add_argument("--dir", type=Path, help="the run directory (default runs/pretrain/FAMILY)")
+    parser.add_argument("--small", action="store_true", help="a tiny model on one Bible (a quick check that it runs)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    steps = STEPS[args.family] if args.steps is None else args.steps
+    if steps < 1:
+        parser.error(f"--steps must be >= 1, got {steps}")
+    run_dir = args.dir or Path("runs") / "pretrain" / (args.family + ("-small" if args.small else ""))
+    load_before, started = os.getloadavg()[0], time.perf_counter()
+    result = {**run(args.family, steps, run_dir, args.small), "machine": machine()}
+    result |= {"load_before": load_before, "load_after": os.getloadavg()[0],
+               "wall_seconds": time.perf_counter() - started}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = f"pretrain-{args.family}" + ("-small" if args.small else "")
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"{args.family}: {result['updates']:,} updates, {result['seconds']:.0f} s, validation loss "
+          f"{result['valid_loss']:.3f} -> {run_dir}")  # fmt: skip
+    return 0
