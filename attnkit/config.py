@@ -61,7 +61,7 @@ class ModelConfig:
     # first token ("cls": the pooler's output, or the raw state without a pooler) or the mean of
     # the real tokens ("mean", as sentence embeddings are pooled), then dropout and a linear map.
     labels: tuple[str, ...] = ()
-    classifier_pooling: Literal["cls", "mean"] = "cls"
+    classifier_pooling: Literal["cls", "mean", "last"] = "cls"
     # LoRA adapters (attnkit.nn.lora) on these attention projections, the rest frozen: rank 0 =
     # none. A saved model has them merged (a plain model again, lora_rank 0).
     lora_rank: int = 0
@@ -105,10 +105,15 @@ class ModelConfig:
         if self.positional == "relative" and self.family != "t5":
             raise ValueError("positional='relative' is T5's; use 'sinusoidal' or 'learned' for " + self.family)
         if self.labels:
-            if self.family != "bert":
-                raise ValueError(f"labels (a classification head) are for BERT-family encoders, not {self.family}")
+            if self.family not in ("bert", "gpt"):
+                raise ValueError(f"labels (a classification head) are for BERT and GPT models, not {self.family}")
             if self.lm_head:
-                raise ValueError("a classifier has no masked-LM head: set lm_head=False beside labels")
+                raise ValueError("a classifier has no vocabulary head: set lm_head=False beside labels")
+            if self.family == "gpt" and self.classifier_pooling == "cls":
+                raise ValueError(
+                    "a GPT classifier reads its last token (classifier_pooling=last) or the mean; under the causal "
+                    "mask its first token sees nothing but itself"
+                )
             if len(set(self.labels)) != len(self.labels) or not all(self.labels) or len(self.labels) < 2:
                 raise ValueError(f"labels must be 2 or more distinct, non-empty names, got {list(self.labels)}")
         if self.lora_rank < 0 or (self.lora_alpha is not None and self.lora_alpha <= 0):
@@ -152,7 +157,7 @@ UNUSED: dict[str, tuple[str, ...]] = {
     "bert": ("n_decoder_layers", "relative_buckets", "relative_max_distance", "head_scale"),
     "gpt": (
         "n_decoder_layers", "relative_buckets", "relative_max_distance", "type_vocab_size", "embedding_norm",
-        "head_scale", "lm_head", "pooler",
+        "head_scale", "pooler",
     ),
     "t5": ("type_vocab_size", "embedding_norm", "scale_embeddings", "init_std", "lm_head", "pooler"),
 }  # fmt: skip
@@ -422,13 +427,14 @@ OBJECTIVES: dict[str, Objective] = {
     "bert": "masked_lm",
     "t5": "span_corruption",
 }
-# The families each objective trains (translation: either encoder–decoder; classify: an encoder).
+# The families each objective trains (translation: either encoder–decoder; classify: an encoder,
+# or GPT reading its last token, GPT-1's transfer).
 OBJECTIVE_FAMILIES: dict[str, tuple[str, ...]] = {
     "translation": ("transformer", "t5"),
     "causal_lm": ("gpt",),
     "masked_lm": ("bert",),
     "span_corruption": ("t5",),
-    "classify": ("bert",),
+    "classify": ("bert", "gpt"),
 }
 
 

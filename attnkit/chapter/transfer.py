@@ -135,15 +135,15 @@ def bert(ctx: Context, tmp: Path) -> dict[str, dict[str, Any]]:
     return _compare(pre, pre_dir, arms, classifier_scores)
 
 
-def classifier_scores(run_dir: Path, run: RunConfig) -> dict[str, Any]:
-    """Accuracy and macro-F1 over every held-out (validation) verse."""
+def classifier_scores(run_dir: Path, run: RunConfig, split: str = "valid") -> dict[str, Any]:
+    """Accuracy and macro-F1 over every verse of a held-out ``split``."""
     from attnkit.data.prepare import encode_labeled, read_texts
     from attnkit.loading import from_pretrained
     from attnkit.training.evaluate import classification_scores
 
     model = from_pretrained(run_dir)
     labels = model.config.labels
-    examples = encode_labeled(model.tokenizer, read_texts(run).valid, labels, run.data.max_tokens)
+    examples = encode_labeled(model.tokenizer, read_texts(run).get(split), labels, run.data.max_tokens)
     scores = classification_scores(model, examples, len(labels))
     return {"accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"], "verses": len(examples)}
 

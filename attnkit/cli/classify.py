@@ -11,7 +11,7 @@ from attnkit.cli.common import add_model_flag, input_lines, one_line, tokenizer_
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "classify",
-        help="label texts with a classifier (a BERT-family model with labels)",
+        help="label texts with a classifier (a BERT or GPT model with labels)",
         description="Print each text's most likely label, its probability and the text, tab-separated, one line\n"
         "per text (the TEXT arguments, else --input FILE or standard input, one per line).",
         epilog='example:\n  attnkit classify --model runs/testament "Blessed are the meek" "In the beginning"',

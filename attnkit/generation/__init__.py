@@ -60,6 +60,9 @@ def _validate(
     cfg = model.config
     if cfg.family == "bert":
         raise ValueError("BERT is an encoder and does not generate; use attnkit fill-mask for [MASK] predictions")
+    if cfg.labels:
+        raise ValueError(f"this {cfg.family} model is a classifier (labels {list(cfg.labels)}) and does not generate; "
+                         "use attnkit classify")  # fmt: skip
     check_ids("input_ids", input_ids, cfg.vocab_size)
     if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
         raise ValueError(

@@ -33,9 +33,8 @@ def build_bert(cfg: ModelConfig) -> EncoderOnlyModel:
         )
         head = LMHead(cfg.d_model, cfg.vocab_size, cfg.tie_embeddings, cfg.logits_bias, transform=transform)
     pooler = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.Tanh()) if cfg.pooler else None
-    classifier = nn.Sequential(nn.Dropout(cfg.dropout), nn.Linear(cfg.d_model, len(cfg.labels))) if cfg.labels else None
     encoder = Encoder(build.encoder_layers(cfg), build.final_norm(cfg))
-    model = EncoderOnlyModel(cfg, embeddings, encoder, head, pooler, classifier)
+    model = EncoderOnlyModel(cfg, embeddings, encoder, head, pooler, build.classifier(cfg))
     build.init_normal(model, cfg.init_std)
     return model
 

@@ -72,6 +72,14 @@ def embedding_norm(cfg: ModelConfig) -> LayerNorm | None:
     return LayerNorm(cfg.d_model, cfg.eps) if cfg.embedding_norm else None
 
 
+def classifier(cfg: ModelConfig, bias: bool = True) -> nn.Module | None:
+    """The sequence classifier over ``cfg.labels`` (dropout + linear, as transformers'
+    ``BertForSequenceClassification``; GPT-2's ``score`` has no bias), None without labels."""
+    if not cfg.labels:
+        return None
+    return nn.Sequential(nn.Dropout(cfg.dropout), nn.Linear(cfg.d_model, len(cfg.labels), bias=bias))
+
+
 def init_normal(model: nn.Module, std: float) -> None:
     """N(0, std) for every weight matrix and embedding, zeros for biases; norms keep γ=1, β=0."""
     for name, p in model.named_parameters():

@@ -165,6 +165,22 @@ class Model(nn.Module):
         """Number of distinct parameters (tied weights counted once)."""
         return sum(p.numel() for p in self.parameters())
 
+    @torch.no_grad()
+    def batched(
+        self, ids: Sequence[Sequence[int]], batch_size: int = 32
+    ) -> Iterator[tuple[Tensor, ModelOutput, Tensor]]:
+        """Forward passes over token-id rows in batches of similar length (little padding), of
+        a model of one stack (BERT, GPT): each batch's row indices (B,), its output and its
+        attention mask (B, T)."""
+        from attnkit.generation.batches import length_sorted, pad_right
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        device = self.embeddings.token.weight.device  # type: ignore[attr-defined]
+        for batch in length_sorted([len(row) for row in ids], batch_size):
+            input_ids, mask = pad_right([ids[i] for i in batch], self.config.pad_token_id or 0, device)
+            yield torch.tensor(batch, device=device), self(input_ids, mask), mask
+
     def head_weight(self) -> Tensor:
         """The (vocab, d_model) matrix of the vocabulary projection: the head's own, or the
         token embedding it is tied to."""
@@ -173,6 +189,22 @@ class Model(nn.Module):
             return head.weight
         embeddings = getattr(self, "decoder_embeddings", None) or self.embeddings  # type: ignore[attr-defined]
         return embeddings.token.weight
+
+    def sequence_logits(self, h: Tensor, pooled: Tensor | None, attention_mask: Tensor | None, ids: Tensor) -> Tensor:
+        """The classifier's logits (B, labels) of the sequences whose last states are ``h``
+        (B, T, d_model): it reads the pooled first token (``classifier_pooling="cls"``), the real
+        tokens' mean, or the last real token's state."""
+        from attnkit.nn.pooling import last_pool, mean_pool
+
+        pooling = self.config.classifier_pooling
+        mask = torch.ones_like(ids) if attention_mask is None else attention_mask
+        if pooling == "mean":
+            vector = mean_pool(h, mask)
+        elif pooling == "last":
+            vector = last_pool(h, mask)
+        else:
+            vector = h[:, 0] if pooled is None else pooled
+        return self.classifier(vector)  # type: ignore[operator]
 
     def head_output(
         self, h: Tensor, embedding: Tensor, target_ids: Tensor | None, label_smoothing: float
@@ -276,12 +308,20 @@ class EncoderDecoderModel(Model):
 
 
 class DecoderOnlyModel(Model):
-    """A causal decoder without cross-attention and a head (GPT)."""
+    """A causal decoder without cross-attention, with a vocabulary head (GPT) or a sequence
+    classifier reading its last token."""
 
-    def __init__(self, config: ModelConfig, embeddings: Embeddings, decoder: Decoder, head: LMHead) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        embeddings: Embeddings,
+        decoder: Decoder,
+        head: LMHead | None,
+        classifier: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
-        self.embeddings, self.decoder, self.head = embeddings, decoder, head
+        self.embeddings, self.decoder, self.head, self.classifier = embeddings, decoder, head, classifier
 
     def forward(
         self,
@@ -307,6 +347,8 @@ class DecoderOnlyModel(Model):
         x = self.embeddings(input_ids, offset, position_ids=position_ids)
         h = self.decoder(x, mask=mask, cache=cache, record=record, positions=position_ids)
         logits, loss = self.head_output(h, self.embeddings.token.weight, target_ids, label_smoothing)
+        if self.classifier is not None:  # (B, labels): the sequence's class logits
+            logits = self.sequence_logits(h, None, attention_mask, input_ids)
         return ModelOutput(h, logits, loss, attentions={"decoder": record} if record is not None else {})
 
 
@@ -347,18 +389,9 @@ class EncoderOnlyModel(Model):
         logits, loss = self.head_output(h, self.embeddings.token.weight, target_ids, 0.0)
         pooled = self.pooler(h[:, 0]) if self.pooler is not None else None
         if self.classifier is not None:  # (B, labels): the sequence's class logits
-            logits = self.classifier(self._sequence(h, pooled, attention_mask, input_ids))
+            logits = self.sequence_logits(h, pooled, attention_mask, input_ids)
         attentions = {"encoder": record} if record is not None else {}
         return ModelOutput(h, logits, loss, pooler_output=pooled, attentions=attentions)
-
-    def _sequence(self, h: Tensor, pooled: Tensor | None, attention_mask: Tensor | None, ids: Tensor) -> Tensor:
-        """What the classifier reads (B, d_model): the pooled first token, or the real tokens' mean."""
-        if self.config.classifier_pooling == "mean":
-            from attnkit.nn.pooling import mean_pool
-
-            mask = torch.ones_like(ids) if attention_mask is None else attention_mask
-            return mean_pool(h, mask)
-        return h[:, 0] if pooled is None else pooled
 
     @torch.no_grad()
     def encode(self, texts: Sequence[str], normalize: bool = True, batch_size: int = 32) -> Tensor:
@@ -390,18 +423,3 @@ class EncoderOnlyModel(Model):
         if tokenizer is None:
             raise ValueError("this model has no tokenizer to read text with; load it from a directory that has one")
         return [fit(row, self.config.max_len) for row in encode(tokenizer, list(texts))]
-
-    @torch.no_grad()
-    def batched(
-        self, ids: Sequence[Sequence[int]], batch_size: int = 32
-    ) -> Iterator[tuple[Tensor, ModelOutput, Tensor]]:
-        """Forward passes over token-id rows in batches of similar length (little padding):
-        each batch's row indices (B,), its output and its attention mask (B, T)."""
-        from attnkit.generation.batches import length_sorted, pad_right
-
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        device = self.embeddings.token.weight.device
-        for batch in length_sorted([len(row) for row in ids], batch_size):
-            input_ids, mask = pad_right([ids[i] for i in batch], self.config.pad_token_id or 0, device)
-            yield torch.tensor(batch, device=device), self(input_ids, mask), mask

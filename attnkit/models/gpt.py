@@ -19,13 +19,19 @@ def build_gpt(cfg: ModelConfig) -> DecoderOnlyModel:
     Deviations from the chapter's block, as GPT-2 has them: pre-LN [eq:att-addnorm] with a
     final LayerNorm, tanh-approximated GELU in the FFN, and the head tied to the token
     embedding.
+
+    With ``labels`` (and ``lm_head=False``), a sequence classifier reads the last token's state
+    instead of a vocabulary head: GPT-1's transfer to classification (Radford et al., 2018), as
+    ``GPT2ForSequenceClassification`` (a linear layer without bias).
     """
     token = nn.Embedding(cfg.vocab_size, cfg.d_model)
+    head = LMHead(cfg.d_model, cfg.vocab_size, tied=cfg.tie_embeddings, bias=cfg.logits_bias) if cfg.lm_head else None
     model = DecoderOnlyModel(
         cfg,
         embeddings=Embeddings(token, build.absolute_positions(cfg), cfg.scale_embeddings, cfg.dropout),
         decoder=Decoder(build.decoder_layers(cfg, cross_attention=False), build.final_norm(cfg)),
-        head=LMHead(cfg.d_model, cfg.vocab_size, tied=cfg.tie_embeddings, bias=cfg.logits_bias),
+        head=head,
+        classifier=build.classifier(cfg, bias=False),
     )
     build.init_normal(model, cfg.init_std)
     # GPT-2: the projections that write into the residual stream start with σ/√(2N), so the

@@ -56,12 +56,13 @@ def check_example(tokens: Example, specials: Specials) -> None:
         )
 
 
-def check_model(model: Model, kind: type[Model], objective: str) -> None:
-    """Each objective trains one assembly; another would run but learn the wrong task
+def check_model(model: Model, kind: type[Model] | tuple[type[Model], ...], objective: str) -> None:
+    """Each objective trains its assemblies; another would run but learn the wrong task
     (a bidirectional encoder sees the next token it is asked to predict)."""
     model = getattr(model, "module", model)  # DistributedDataParallel holds the model as .module
     if not isinstance(model, kind):
-        raise ValueError(f"the {objective} objective trains a {kind.__name__}, got a {type(model).__name__}")
+        kinds = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise ValueError(f"the {objective} objective trains a {kinds}, got a {type(model).__name__}")
 
 
 def pad_batch(rows: Sequence[Sequence[int]], value: int) -> tuple[Tensor, Tensor]:

@@ -1,5 +1,6 @@
 """Sequence classification, BERT's *understanding* at work ([tab:att-families]): fine-tune an
-encoder with its classification head on labelled texts."""
+encoder with its classification head on labelled texts, or a GPT reading its last token
+(GPT-1's transfer)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.models.core import EncoderOnlyModel, Model
+from attnkit.models.core import DecoderOnlyModel, EncoderOnlyModel, Model
 from attnkit.objectives.base import LossOutput, check_model, pad_batch
 
 Labeled = tuple[Sequence[int], int]  # (token ids with the tokenizer's own specials, class index)
@@ -31,7 +32,7 @@ class Classify:
                 "labels": torch.tensor([label for _, label in examples])}  # fmt: skip
 
     def loss(self, model: Model, batch: dict[str, Tensor]) -> LossOutput:
-        check_model(model, EncoderOnlyModel, self.name)
+        check_model(model, (EncoderOnlyModel, DecoderOnlyModel), self.name)
         if getattr(model, "classifier", None) is None:
             raise ValueError("classification needs a model with a classification head: set model.labels")
         logits = model(batch["input_ids"], batch["attention_mask"]).logits  # (B, classes)

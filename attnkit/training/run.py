@@ -66,6 +66,10 @@ PRETRAINED: dict[str, tuple[str, str | None]] = {
 }
 
 
+# A preset of each family, for the one line that refuses a pretrained model of another family.
+FAMILY_PRESETS = {"transformer": "translate-en-fr", "bert": "bert-bible", "gpt": "gpt-bible", "t5": "t5-bible"}
+
+
 def _named(name: str) -> Path:
     import importlib
     import importlib.util
@@ -107,10 +111,24 @@ def pretrained(run: RunConfig) -> Model | None:
             f"train.init={init!r} is not a model directory (no {CONFIG}) nor a training run's; give one written by "
             f"save_pretrained, a Hugging Face one, a run directory, or a known name ({', '.join(PRETRAINED)})"
         )
-    if why := objective_mismatch(run.objective, model.config.family):
-        raise ValueError(f"train.init={init!r} is a {model.config.family} model: {why}")
+    family = model.config.family
+    if why := objective_mismatch(run.objective, family):
+        raise ValueError(f"train.init={init!r} is a {family} model: {why}")
+    if family != run.model.family:
+        raise ValueError(
+            f"train.init={init!r} is a {family} model, and this run's model is {run.model.family}; fine-tune it "
+            f"with a {family} preset (e.g. --preset {FAMILY_PRESETS[family]} --train.objective={run.objective}), or "
+            f"pretrain a {run.model.family}"
+        )
     if getattr(model, "tokenizer", None) is None:
         raise ValueError(f"train.init={init!r} has no tokenizer to fine-tune with; use a directory with one")
+    if run.data.tokenizer is not None:
+        size = load_tokenizer(run.data.tokenizer).get_vocab_size()
+        if size != model.config.vocab_size:
+            raise ValueError(
+                f"data.tokenizer={run.data.tokenizer} has {size:,} tokens and train.init={init!r}'s model "
+                f"{model.config.vocab_size:,}; give the pretraining's own tokenizer, or none (fine-tuning reads it)"
+            )
     return model
 
 

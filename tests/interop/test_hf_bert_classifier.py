@@ -102,7 +102,7 @@ def test_mean_pooling_reads_the_real_tokens_only() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        (dict(family="gpt"), "labels .* are for BERT-family encoders, not gpt"),
+        (dict(family="t5"), "labels .* are for BERT and GPT models, not t5"),
         (dict(lm_head=True), "set lm_head=False beside labels"),
         (dict(labels=("a", "a")), "2 or more distinct, non-empty names"),
         (dict(labels=("only",)), "2 or more distinct"),

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from attnkit.config import ModelConfig, preset
-from attnkit.interop.hf.common import token_id, unsupported
+from attnkit.interop.hf.common import label_names, labels_to_hf, token_id, unsupported
 from attnkit.models import build_model
 
 # Hugging Face activations with an attnkit equivalent (gelu_fast is the tanh form too).
@@ -42,20 +42,6 @@ _MLM = "BertForMaskedLM"
 _CLASSIFIER = "BertForSequenceClassification"
 # Keys outside the ``bert.`` prefix in a file: the MLM head's and the classifier's.
 _TOP = ("cls.", "classifier.")
-
-
-def _labels(data: dict[str, Any]) -> tuple[str, ...]:
-    """The label names of a classifier's config: ``id2label`` in id order, else LABEL_i."""
-    id2label = data.get("id2label")
-    if isinstance(id2label, dict) and id2label:
-        try:
-            ordered = sorted((int(k), v) for k, v in id2label.items())
-        except (TypeError, ValueError):
-            raise ValueError(f"id2label must map ids to names, got {id2label}") from None
-        if [i for i, _ in ordered] != list(range(len(ordered))) or not all(isinstance(v, str) for _, v in ordered):
-            raise ValueError(f"id2label must name every id 0..n-1 once, got {id2label}")
-        return tuple(v for _, v in ordered)
-    return tuple(f"LABEL_{i}" for i in range(int(data.get("num_labels", 2))))
 
 
 def config_from_hf(data: dict[str, Any]) -> ModelConfig:
@@ -87,7 +73,7 @@ def config_from_hf(data: dict[str, Any]) -> ModelConfig:
         # Refined from the tensors by config_from_tensors; these are the architectures' defaults.
         lm_head=any(a in (_MLM, "BertForPreTraining") for a in architectures),
         pooler=_MLM not in architectures,
-        labels=_labels(data) if _CLASSIFIER in architectures else (),
+        labels=label_names(data) if _CLASSIFIER in architectures else (),
     )
 
 
@@ -134,10 +120,7 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
                 "BertForSequenceClassification reads the pooler's output; this classifier pools by "
                 f"{cfg.classifier_pooling!r}{'' if cfg.pooler else ' without a pooler'} and has no bert equivalent"
             )
-        classifier = {
-            "id2label": dict(enumerate(cfg.labels)),
-            "label2id": {name: i for i, name in enumerate(cfg.labels)},
-        }
+        classifier = labels_to_hf(cfg.labels)
     architecture = _CLASSIFIER if cfg.labels else _MLM if cfg.lm_head else "BertModel"
     return classifier | {
         "model_type": "bert",

@@ -42,3 +42,22 @@ def lm_special_ids(data: dict[str, Any]) -> dict[str, int | None]:
 def special_ids_to_hf(cfg: Any) -> dict[str, int | None]:
     """The special ids of an attnkit config, under Hugging Face's keys."""
     return {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id}
+
+
+def label_names(data: dict[str, Any]) -> tuple[str, ...]:
+    """The label names of a classifier's config: ``id2label`` in id order, else LABEL_i."""
+    id2label = data.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        try:
+            ordered = sorted((int(k), v) for k, v in id2label.items())
+        except (TypeError, ValueError):
+            raise ValueError(f"id2label must map ids to names, got {id2label}") from None
+        if [i for i, _ in ordered] != list(range(len(ordered))) or not all(isinstance(v, str) for _, v in ordered):
+            raise ValueError(f"id2label must name every id 0..n-1 once, got {id2label}")
+        return tuple(v for _, v in ordered)
+    return tuple(f"LABEL_{i}" for i in range(int(data.get("num_labels", 2))))
+
+
+def labels_to_hf(labels: tuple[str, ...]) -> dict[str, Any]:
+    """A classifier's label names as transformers' config keeps them."""
+    return {"id2label": dict(enumerate(labels)), "label2id": {name: i for i, name in enumerate(labels)}}

@@ -1,4 +1,6 @@
-"""GPT-2 (``model_type: gpt2``) <-> attnkit's GPT."""
+"""GPT-2 (``model_type: gpt2``) <-> attnkit's GPT: ``GPT2LMHeadModel``, and
+``GPT2ForSequenceClassification`` (its ``score`` layer, reading the last token that is not
+padding) <-> attnkit's GPT with ``labels`` and ``classifier_pooling="last"``."""
 
 from __future__ import annotations
 
@@ -8,10 +10,18 @@ import torch
 from torch import Tensor
 
 from attnkit.config import ModelConfig, preset
-from attnkit.interop.hf.common import lm_special_ids, special_ids_to_hf, strip_prefix, unsupported
+from attnkit.interop.hf.common import (
+    label_names,
+    labels_to_hf,
+    lm_special_ids,
+    special_ids_to_hf,
+    strip_prefix,
+    unsupported,
+)
 
 # GPT-2 keeps these attention-mask buffers in some checkpoints; they carry no weights.
 _BUFFERS = (".attn.bias", ".attn.masked_bias")
+_CLASSIFIER = "GPT2ForSequenceClassification"
 
 
 def config_from_hf(data: dict[str, Any]) -> ModelConfig:
@@ -26,6 +36,9 @@ def config_from_hf(data: dict[str, Any]) -> ModelConfig:
     if act not in activation:
         raise ValueError(f"activation_function {act!r} is not supported (one of {sorted(activation)})")
     d_model = data["n_embd"]
+    classifier = {}
+    if _CLASSIFIER in (data.get("architectures") or []):
+        classifier = dict(labels=label_names(data), lm_head=False, classifier_pooling="last")
     return preset(
         "gpt2",
         vocab_size=data["vocab_size"],
@@ -41,6 +54,7 @@ def config_from_hf(data: dict[str, Any]) -> ModelConfig:
         init_std=data.get("initializer_range", 0.02),
         tie_embeddings=data.get("tie_word_embeddings", True),
         **lm_special_ids(data),
+        **classifier,
     )
 
 
@@ -55,9 +69,18 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         or cfg.d_k not in (None, cfg.d_model // cfg.n_heads)
     ):
         raise ValueError("this GPT's FFN or attention has no gpt2 equivalent (activation, gated, bias or d_k)")
-    return {
+    classifier = {}
+    if cfg.labels:
+        if cfg.classifier_pooling != "last" or cfg.pad_token_id is None:
+            raise ValueError(
+                f"{_CLASSIFIER} reads the last token that is not padding; this classifier pools by "
+                f"{cfg.classifier_pooling!r}{'' if cfg.pad_token_id is not None else ' and has no pad_token_id'} "
+                "and has no gpt2 equivalent"
+            )
+        classifier = labels_to_hf(cfg.labels)
+    return classifier | {
         "model_type": "gpt2",
-        "architectures": ["GPT2LMHeadModel"],
+        "architectures": [_CLASSIFIER if cfg.labels else "GPT2LMHeadModel"],
         "vocab_size": cfg.vocab_size,
         "n_embd": cfg.d_model,
         "n_head": cfg.n_heads,
@@ -89,7 +112,9 @@ def _renames(cfg: ModelConfig) -> dict[str, str]:
             names[f"{ours}{a}.gamma"], names[f"{ours}{a}.beta"] = f"{theirs}{b}.weight", f"{theirs}{b}.bias"
         for a, b in (("self_attn.w_o", "attn.c_proj"), ("ffn.w_1", "mlp.c_fc"), ("ffn.w_2", "mlp.c_proj")):
             names[f"{ours}{a}.weight"], names[f"{ours}{a}.bias"] = f"{theirs}{b}.weight", f"{theirs}{b}.bias"
-    if not cfg.tie_embeddings:
+    if cfg.labels:
+        names["classifier.1.weight"] = "score.weight"
+    elif not cfg.tie_embeddings:
         names["head.weight"] = "lm_head.weight"
     return names
 
@@ -125,4 +150,4 @@ def to_hf(tensors: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
         attn = f"decoder.layers.{i}.self_attn."
         out[f"h.{i}.attn.c_attn.weight"] = torch.cat([tensors[f"{attn}{n}.weight"] for n in ("w_q", "w_k", "w_v")]).T
         out[f"h.{i}.attn.c_attn.bias"] = torch.cat([tensors[f"{attn}{n}.bias"] for n in ("w_q", "w_k", "w_v")])
-    return {f"transformer.{k}" if not k.startswith("lm_head") else k: v for k, v in out.items()}
+    return {f"transformer.{k}" if not k.startswith(("lm_head", "score")) else k: v for k, v in out.items()}

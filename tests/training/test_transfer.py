@@ -1,0 +1,103 @@
+"""Pretraining, then fine-tuning (train.init naming a pretraining run), end to end on tiny runs:
+the fine-tuned model starts from the pretrained weights (equal, tensor by tensor, after an
+update too small to move them), and a pretrained language model starts a task of its kind at a
+lower loss than the same model from random weights. Refusals: a pretraining run of another
+family or shape."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from torch.testing import assert_close
+
+import attnkit
+from attnkit.config import RunConfig, apply_overrides, run_preset
+from attnkit.training.run import train
+
+WORDS = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()  # noqa: SIM905
+
+
+def counting(path: Path, n: int, seed: int, label: bool = False) -> Path:
+    """Lines that count up from a random word (a pattern a tiny model learns in tens of
+    updates); with ``label``, each line's class is whether it starts in the first half."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n):
+        start = rng.randrange(len(WORDS) - 4)
+        text = " ".join(WORDS[start : start + rng.randrange(4, len(WORDS) - start + 1)])
+        lines.append(f"{text}\t{'low' if start < 5 else 'high'}" if label else text)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def run_of(preset: str, path: Path, steps: int, **changes: str) -> RunConfig:
+    quick = {
+        "data.corpus": "files", "data.path": str(path), "data.vocab_size": "300", "data.max_tokens": "24",
+        "train.max_steps": str(steps), "train.time_budget": "null", "train.warmup": "2", "train.lr": "3e-3",
+        "train.batch_tokens": "512", "train.eval_every": "0", "train.checkpoint_every": str(steps),
+        "train.log_every": "1", "train.schedule": "cosine", "model.n_layers": "2", "model.d_model": "32",
+        "model.n_heads": "2", "model.d_ff": "64",
+    }  # fmt: skip
+    return apply_overrides(run_preset(preset), {**quick, **changes})
+
+
+def first_loss(run_dir: Path) -> float:
+    """The loss of the first update, taken before it moves any weight."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    return next(r["loss"] for r in records if r["split"] == "train" and r["step"] == 1)
+
+
+@pytest.fixture(scope="module")
+def pretrained_gpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("transfer")
+    train(run_of("gpt-tiny", counting(root / "pretraining.txt", 600, seed=0), 60), root / "gpt", progress_bar=False)
+    return root / "gpt"
+
+
+def test_a_pretrained_lm_starts_its_task_lower_than_random_weights(pretrained_gpt: Path, tmp_path: Path) -> None:
+    task = counting(tmp_path / "task.txt", 200, seed=1)  # other lines of the same kind
+    tokenizer = str(pretrained_gpt / "tokenizer.json")
+    tuned = run_of("gpt-tiny", task, 1, **{"train.init": str(pretrained_gpt), "data.tokenizer": tokenizer})
+    alone = run_of("gpt-tiny", task, 1, **{"data.tokenizer": tokenizer})
+    train(tuned, tmp_path / "tuned", progress_bar=False)
+    train(alone, tmp_path / "alone", progress_bar=False)
+    assert first_loss(tmp_path / "tuned") < first_loss(tmp_path / "alone") - 1.0
+
+
+def test_the_fine_tuned_classifier_starts_from_the_pretrained_weights(pretrained_gpt: Path, tmp_path: Path) -> None:
+    """GPT-1's transfer: the pretrained decoder under a new head, every tensor the two share
+    equal after one update of at most 1e-10 (AdamW's first step is about its rate)."""
+    labelled = counting(tmp_path / "labelled.txt", 200, seed=2, label=True)
+    changes = {"train.objective": "classify", "train.init": str(pretrained_gpt), "train.lr": "1e-10",
+               "train.weight_decay": "0", "model.lm_head": "false", "model.classifier_pooling": "last"}  # fmt: skip
+    train(run_of("gpt-tiny", labelled, 1, **changes), tmp_path / "classifier", progress_bar=False)
+    base, tuned = attnkit.from_pretrained(pretrained_gpt), attnkit.from_pretrained(tmp_path / "classifier")
+    assert tuned.config.labels == ("high", "low") and tuned.head is None and tuned.classifier is not None
+    mine = dict(tuned.named_parameters())
+    shared = [name for name, _ in base.named_parameters() if name in mine]
+    assert {name for name in mine if name not in shared} == {"classifier.1.weight"}  # only the new head
+    for name, tensor in base.named_parameters():
+        assert_close(mine[name], tensor, atol=1e-9, rtol=0, msg=name)
+
+
+def test_fine_tuning_from_another_family_is_one_line(pretrained_gpt: Path, tmp_path: Path) -> None:
+    labelled = counting(tmp_path / "labelled.txt", 50, seed=3, label=True)
+    run = run_of("bert-tiny", labelled, 1, **{"train.objective": "classify", "train.init": str(pretrained_gpt)})
+    refused = r"train\.init=.* is a gpt model, and this run.s model is bert; fine-tune it with a gpt preset"
+    with pytest.raises(ValueError, match=refused):
+        train(run, tmp_path / "never", progress_bar=False)
+    assert not (tmp_path / "never").exists()
+
+
+def test_fine_tuning_with_another_vocabulary_is_one_line(pretrained_gpt: Path, tmp_path: Path) -> None:
+    text = counting(tmp_path / "text.txt", 50, seed=4)
+    text.write_text(text.read_text() + "a rather different line of words, for merges of other bytes\n" * 20)
+    train(run_of("gpt-tiny", text, 1, **{"data.vocab_size": "400"}), tmp_path / "other", progress_bar=False)
+    other = str(tmp_path / "other" / "tokenizer.json")
+    run = run_of("gpt-tiny", text, 1, **{"train.init": str(pretrained_gpt), "data.tokenizer": other})
+    with pytest.raises(ValueError, match=r"^data\.tokenizer=.* has \d+ tokens and train\.init=.*'s model \d+; give"):
+        train(run, tmp_path / "never", progress_bar=False)
+    assert not (tmp_path / "never").exists()
