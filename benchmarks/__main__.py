@@ -11,7 +11,8 @@ earlier commit, side by side), ``recipe`` (variants of a run preset over seeds a
 in a fresh process: ``python -m benchmarks recipe --help``), ``crossing`` (a family's own pretraining,
 T5's span corruption or BERT's masked LM, then its task, against the task alone, as curves over
 total training time: where they cross), ``pretrain`` (a family's own pretraining on every Bible, an hour,
-resumable: ``python -m benchmarks pretrain --help``), ``decoding`` (per weight
+resumable: ``python -m benchmarks pretrain --help``), ``fewlabels`` (fine-tuning on 100, 1,000 and all labels from
+that pretraining and from random weights, over seeds), ``decoding`` (per weight
 format against transformers and CTranslate2: batch-1 GPT-2 greedy with its bandwidth floor,
 Marian-shaped batch-32 beam-4, and a trained translator's BLEU with ``--run DIR``),
 ``smollm2`` (the real SmolLM2-135M, batch-1 greedy per format), ``blocks`` (the block kernel
@@ -42,6 +43,7 @@ from benchmarks import (
     demo,
     embed,
     fastpaths,
+    fewlabels,
     forward,
     generation,
     gpu,
@@ -312,11 +314,13 @@ def main() -> None:
         sys.exit(recipe.main(sys.argv[2:]))
     if sys.argv[1:2] == ["crossing"]:  # its own options: updates of each phase
         sys.exit(crossing.main(sys.argv[2:]))
+    if sys.argv[1:2] == ["fewlabels"]:  # its own options: the task, label counts, seeds
+        sys.exit(fewlabels.main(sys.argv[2:]))
     if sys.argv[1:2] == ["pretrain"]:  # its own options: the family, its updates and run directory
         sys.exit(pretrain.main(sys.argv[2:]))
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     others = ["peak", "attention", "latency", "translation", "lm", "gpu", "demo", "recipe", "crossing", "trainspeed"]
-    others += ["pretrain"]
+    others += ["pretrain", "fewlabels"]
     others += ["startup", "data"]
     others += ["decoding", "smollm2", "serve"]
     parser.add_argument("suite", choices=[*sorted(SUITES), *others])

@@ -1,0 +1,217 @@
+"""Few labels [sec:att-families]: a family fine-tuned on 100, 1,000 and all of a task's labelled
+examples, from its own pretraining (``python -m benchmarks pretrain``) and from random weights,
+over seeds: the chapter's claim that pretraining on plenty of unlabelled text, then a little
+labelled data, beats the labelled data alone::
+
+    python -m benchmarks fewlabels --family bert [--task books|testament] [--counts 100,1000,all]
+        [--seeds 0,1,2] [--pretrained runs/pretrain/bert] [--small]
+
+Both arms share the pretraining's tokenizer, architecture, schedule and updates per label count
+(:data:`STEPS`, counted, so that the machine's load changes seconds, not results); each arm's
+learning rate is its best of :data:`RATES` on validation at 1,000 labels, seed 0 (said in the
+results), and every score is on the test split. Results go to ``--out`` (default
+benchmarks/results): ``fewlabels-FAMILY-TASK.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+from attnkit.chapter.transfer import classifier_scores
+from attnkit.config import RunConfig, apply_overrides, run_preset
+from attnkit.data.prepare import load_data
+from attnkit.data.tokenizer import load_tokenizer
+from attnkit.training.checkpoint import run_model
+from attnkit.training.evaluate import evaluate
+from attnkit.training.run import make_objective, read_run_config, train
+from benchmarks.common import machine
+from benchmarks.pretrain import PRESETS
+
+RESULTS = Path(__file__).parent / "results"
+_CLASSIFICATION = {"books": "which of the 66 books a verse is from", "testament": "which Testament a verse is from"}
+# GPT's own kind of task: the causal LM on a language its pretraining never read (Diodati's
+# Italian, held out of it: benchmarks.pretrain.HELD_OUT), scored by held-out perplexity.
+TASKS = {"bert": _CLASSIFICATION, "gpt": {**_CLASSIFICATION, "italian": "Italian verses, a language held out"}}
+LM_TASKS = {"italian": "d"}  # task -> the Bible it reads
+# What each task is scored by, and whether more is better.
+METRIC = {"books": ("accuracy", True), "testament": ("accuracy", True), "italian": ("perplexity", False)}
+ARMS = ("pretrained", "random initialisation")
+# Updates per label count (None: all of them), the same for both arms: 100 examples are two
+# 2,048-token batches, so 150 updates are 75 passes over them; all (28,000) get about 4.
+STEPS: dict[int | None, int] = {100: 150, 1000: 300, None: 600}
+RATES = (1e-4, 3e-4, 1e-3)  # each arm's learning rate is chosen from these, on validation
+TUNE_COUNT = 1000
+# The architecture both arms take from the pretraining run (the rest is the same preset's).
+SHAPE = ("d_model", "n_heads", "d_ff", "n_layers", "max_len")
+# What each family's classifier reads: BERT the mean of its tokens (as MiniLM's preset), GPT its
+# last token, the one that has seen the whole verse under the causal mask (GPT-1's transfer).
+POOLING = {"bert": "mean", "gpt": "last"}
+
+
+def arm(family: str, task: str, pre_dir: Path, pretrained: bool, count: int | None, seed: int, lr: float,
+        steps: int) -> RunConfig:  # fmt: skip
+    """One fine-tuning run: the pretraining run's own model, configuration and tokenizer with a
+    classifier (:data:`POOLING`) on ``task``, ``count`` of its training examples (None: all),
+    from the pretraining's weights or from random ones."""
+    pre, _ = read_run_config(pre_dir)
+    model = {f"model.{k}": str(getattr(pre.model, k)) for k in SHAPE}
+    if task in LM_TASKS:  # the family's own objective on another Bible's verses
+        kind = {"data.corpus": "bible", "data.bibles": LM_TASKS[task], "train.eval_batches": "1000000"}
+    else:
+        kind = {"model.lm_head": "false", "model.classifier_pooling": POOLING[family], "train.objective": "classify",
+                "data.corpus": task, "data.source": "4"}  # fmt: skip
+    changes = {
+        **model, **kind, "model.dropout": "0.1", "data.tokenizer": str(pre_dir / "tokenizer.json"),
+        "data.train_examples": "null" if count is None else str(count), "data.max_tokens": "96",
+        "train.seed": str(seed), "train.lr": str(lr), "train.max_steps": str(steps), "train.time_budget": "null",
+        "train.schedule": "cosine", "train.warmup": str(max(steps // 10, 1)), "train.batch_tokens": "2048",
+        "train.checkpoint_every": str(steps), "train.eval_every": "0", "train.log_every": str(max(steps // 10, 1)),
+        "train.weight_decay": "0.01", "train.precision": "auto", "train.init": str(pre_dir) if pretrained else "null",
+    }  # fmt: skip
+    return apply_overrides(run_preset(PRESETS[family]), changes)
+
+
+def lm_scores(run_dir: Path, run: RunConfig, split: str) -> dict[str, Any]:
+    """Loss and perplexity over every example of a held-out ``split``."""
+    data = load_data(run, load_tokenizer(run_dir / "tokenizer.json"))
+    scores = evaluate(run_model(run_dir), make_objective(run, data.specials), getattr(data, split), run)
+    return {"perplexity": scores["perplexity"], "loss": scores["loss"], "tokens": scores["tokens"]}
+
+
+def fine_tune(run: RunConfig, split: str) -> dict[str, Any]:
+    """Train ``run`` in a directory of its own, then its scores on ``split``."""
+    with TemporaryDirectory() as tmp:
+        done, final = train(run, Path(tmp) / "run", progress_bar=False)
+        if run.objective == "classify":
+            scores = classifier_scores(Path(tmp) / "run", run, split)
+            scores = {"accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"], "examples": scores["verses"]}
+        else:
+            scores = lm_scores(Path(tmp) / "run", run, split)
+    return {**scores, "updates": done.step, "seconds": done.seconds, "valid_loss": final["loss"]}
+
+
+def run(family: str, task: str, pre_dir: Path, counts: list[int | None], seeds: list[int],
+        steps: dict[int | None, int]) -> dict[str, Any]:  # fmt: skip
+    """Each arm's rate chosen on validation, then every (count, seed) of each arm on test."""
+    tune_steps = steps.get(TUNE_COUNT, max(steps.values()))
+    tuning = {
+        name: {str(lr): fine_tune(arm(family, task, pre_dir, name == ARMS[0], TUNE_COUNT, 0, lr, tune_steps), "valid")
+               for lr in RATES}
+        for name in ARMS
+    }  # fmt: skip
+    metric, higher = METRIC[task]
+    best = max if higher else min
+    rates = {name: float(best(grid, key=lambda lr: grid[lr][metric])) for name, grid in tuning.items()}
+    arms: dict[str, dict[str, list[dict[str, Any]]]] = {name: {} for name in ARMS}
+    for count in counts:
+        for name in ARMS:
+            arms[name][str(count or "all")] = [
+                fine_tune(arm(family, task, pre_dir, name == ARMS[0], count, seed, rates[name], steps[count]), "test")
+                for seed in seeds
+            ]
+    pre, _ = read_run_config(pre_dir)
+    return {"family": family, "task": task, "pretraining": str(pre_dir), "pretraining_steps": pre.train.max_steps,
+            "steps": {str(c or "all"): steps[c] for c in counts}, "seeds": seeds, "rates": rates,
+            "tuning": tuning, "arms": arms}  # fmt: skip
+
+
+def summary(result: dict[str, Any]) -> dict[str, dict[str, tuple[float, float]]]:
+    """arm -> label count -> (the task's metric's mean over the seeds, their standard deviation)."""
+    metric = METRIC[result["task"]][0]
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for name, by_count in result["arms"].items():
+        out[name] = {}
+        for count, runs in by_count.items():
+            values = [r[metric] for r in runs]
+            spread = statistics.stdev(values) if len(values) > 1 else 0.0
+            out[name][count] = (statistics.fmean(values), spread)
+    return out
+
+
+def table(result: dict[str, Any]) -> str:
+    """Each arm's mean ± spread per label count, and the pretrained arm's gain: accuracy points,
+    or the ratio of perplexities."""
+    means = summary(result)
+    metric, _ = METRIC[result["task"]]
+    accuracy = metric == "accuracy"
+    rows = []
+    for count in means[ARMS[0]]:
+        (a, sa), (b, sb) = means[ARMS[0]][count], means[ARMS[1]][count]
+        if accuracy:
+            rows.append(f"| {count} | {a:.1%} ± {sa:.1%} | {b:.1%} ± {sb:.1%} | {100 * (a - b):+.1f} |")
+        else:
+            rows.append(f"| {count} | {a:.1f} ± {sa:.1f} | {b:.1f} ± {sb:.1f} | {a / b:.2f}× |")
+    rates = ", ".join(f"{name} {lr:g}" for name, lr in result["rates"].items())
+    return "\n".join([
+        f"{result['family'].upper()}, {TASKS[result['family']][result['task']]} (test {metric} over seeds "
+        f"{result['seeds']}; rates chosen on validation: {rates})", "",
+        f"| {'labels' if accuracy else 'verses'} | pretrained | random initialisation | "
+        f"{'points' if accuracy else 'ratio'} |", "|---|---|---|---|", *rows,
+    ])  # fmt: skip
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """The task's test metric against the examples trained on, per arm (mean ± one standard
+    deviation of the seeds)."""
+    from attnkit.chapter.report import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    means = summary(result)
+    for name, by_count in means.items():
+        counts = list(by_count)
+        xs = range(len(counts))
+        ys, spreads = [by_count[c][0] for c in counts], [by_count[c][1] for c in counts]
+        ax.errorbar(xs, ys, yerr=spreads, marker="o", capsize=3, label=name)
+        ax.set_xticks(list(xs), counts)
+    metric = METRIC[result["task"]][0]
+    ax.set_xlabel("training examples (labelled, or verses of the held-out language)")
+    ax.set_ylabel(f"test {metric}")
+    if metric == "perplexity":
+        ax.set_yscale("log")
+    what = TASKS[result["family"]][result["task"]]
+    ax.set_title(f"{result['family'].upper()}: {what} ({result['machine']['cpu_class']})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _counts(text: str) -> list[int | None]:
+    return [None if item == "all" else int(item) for item in text.split(",")]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks fewlabels", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", choices=sorted(TASKS), default="bert")
+    parser.add_argument("--task", default="books", help="books or testament (default books)")
+    parser.add_argument("--counts", type=_counts, default=[100, 1000, None], help="label counts (default 100,1000,all)")
+    parser.add_argument("--seeds", type=lambda t: [int(s) for s in t.split(",")], default=[0, 1, 2])
+    parser.add_argument("--pretrained", type=Path, help="the pretraining run (default runs/pretrain/FAMILY)")
+    parser.add_argument("--small", action="store_true", help="a few updates each (a quick check that it runs)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    if args.task not in TASKS[args.family]:
+        parser.error(f"--task {args.task!r}: {args.family} has {', '.join(TASKS[args.family])}")
+    if any(c is not None and c < 1 for c in args.counts):
+        parser.error(f"--counts must be >= 1 or 'all', got {args.counts}")
+    pre_dir = args.pretrained or Path("runs") / "pretrain" / args.family
+    if not (pre_dir / "run.json").is_file():
+        parser.error(f"{pre_dir} is no pretraining run; make one: python -m benchmarks pretrain --family {args.family}")
+    steps = {c: 4 if args.small else STEPS.get(c, STEPS[TUNE_COUNT]) for c in [*args.counts, TUNE_COUNT]}
+    load_before, started = os.getloadavg()[0], time.perf_counter()
+    result = {**run(args.family, args.task, pre_dir, args.counts, args.seeds, steps), "machine": machine()}
+    result |= {"load_before": load_before, "load_after": os.getloadavg()[0],
+               "wall_seconds": time.perf_counter() - started}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = f"fewlabels-{args.family}-{args.task}" + ("-small" if args.small else "")
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    plot(result, args.out / f"{name}.png")
+    print(table(result))
+    return 0
