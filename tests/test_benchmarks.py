@@ -240,3 +240,31 @@ def test_a_recipe_variant_is_labelled_with_its_own_budget() -> None:
     by_steps = plan("translate-en-fr", {}, {"a": {"train.schedule": "budget-linear"}}, None, 25)["a"]
     assert by_steps["train.time_budget"] == "1e9" and label("translate-en-fr", by_steps) == "25 steps"
     assert label("translate-en-fr", plan("translate-en-fr", {}, {"a": {}}, 150, None)["a"]) == "150 s"
+
+
+@pytest.mark.slow
+def test_pretraining_resumes_and_few_labels_fine_tune_both_arms_on_it(tmp_path: Path) -> None:
+    pretrain = [sys.executable, "-m", "benchmarks", "pretrain", "--family", "bert", "--small", "--steps", "4",
+                "--dir", str(tmp_path / "pre"), "--out", str(tmp_path)]  # fmt: skip
+    subprocess.run(pretrain, check=True, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    first = json.loads((tmp_path / "pretrain-bert-small.json").read_text())
+    subprocess.run(pretrain, check=True, capture_output=True, text=True, timeout=600, cwd=ROOT)  # resumes: done
+    again = json.loads((tmp_path / "pretrain-bert-small.json").read_text())
+    assert first["updates"] == again["updates"] == 4 and again["curve"] == first["curve"]
+    assert [u for u, _, _ in first["curve"]["train"]] == [1, 2, 3, 4]
+    assert first["config"]["data"]["bibles"] == ["4"] and first["config"]["train"]["max_steps"] == 4
+    few = [sys.executable, "-m", "benchmarks", "fewlabels", "--family", "bert", "--task", "testament", "--small",
+           "--counts", "10", "--seeds", "0,1", "--pretrained", str(tmp_path / "pre"),
+           "--out", str(tmp_path)]  # fmt: skip
+    subprocess.run(few, check=True, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    result = json.loads((tmp_path / "fewlabels-bert-testament-small.json").read_text())
+    from benchmarks.fewlabels import ARMS, RATES
+
+    assert set(result["rates"].values()) <= set(RATES) and list(result["arms"]) == list(ARMS)
+    for arm in ARMS:
+        assert set(result["tuning"][arm]) == {str(lr) for lr in RATES}
+        runs = result["arms"][arm]["10"]
+        assert len(runs) == 2 and all(r["updates"] == 4 and 0.0 <= r["accuracy"] <= 1.0 for r in runs)
+    assert (tmp_path / "fewlabels-bert-testament-small.png").read_bytes()[:4] == b"\x89PNG"
+    bad = subprocess.run([*few[:-2], "--counts", "0"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert bad.returncode == 2 and "--counts must be >= 1 or 'all'" in bad.stderr

@@ -161,5 +161,8 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer, names: list[s
 
 
 def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Load a full optimiser state written by :func:`full_state` into a (possibly wrapped) model's optimiser."""
-    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    """Load a full optimiser state written by :func:`full_state` into a (possibly wrapped)
+    model's optimiser. A parameter that never had a gradient (BERT's pooler under the masked LM)
+    has no state in it, as it had none when saved: not strict about those (the model's own
+    state, loaded strictly before, already refuses another model)."""
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True, strict=False))
