@@ -1,13 +1,16 @@
 """Few labels [sec:att-families]: a family fine-tuned on 100, 1,000 and all of a task's labelled
 examples, from its own pretraining (``python -m benchmarks pretrain``) and from random weights,
 over seeds: the chapter's claim that pretraining on plenty of unlabelled text, then a little
-labelled data, beats the labelled data alone::
+labelled data, beats the labelled data alone. BERT and GPT classify verses (by book, by
+Testament; GPT through its last token, GPT-1's transfer), GPT also learns a language its
+pretraining never read (held-out perplexity), T5 its text-to-text tasks (greedy BLEU)::
 
-    python -m benchmarks fewlabels --family bert [--task books|testament] [--counts 100,1000,all]
-        [--seeds 0,1,2] [--pretrained runs/pretrain/bert] [--small]
+    python -m benchmarks fewlabels --family bert|gpt|t5 [--task TASK] [--counts 100,1000,all]
+        [--seeds 0,1,2] [--pretrained runs/pretrain/FAMILY] [--small]
+    python -m benchmarks fewlabels --figure docs/figures/fewlabels.png   # every committed result
 
 Both arms share the pretraining's tokenizer, architecture, schedule and updates per label count
-(:data:`STEPS`, counted, so that the machine's load changes seconds, not results); each arm's
+(:data:`STEPS`, :data:`T5_STEPS`; counted, so that the machine's load changes seconds, not results); each arm's
 learning rate is its best of :data:`RATES` on validation at 1,000 labels, seed 0 (said in the
 results), and every score is on the test split. Results go to ``--out`` (default
 benchmarks/results): ``fewlabels-FAMILY-TASK.json`` and ``.png``.
@@ -24,7 +27,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-from attnkit.chapter.transfer import classifier_scores
+from attnkit.chapter.transfer import classifier_scores, task_scores
 from attnkit.config import RunConfig, apply_overrides, run_preset
 from attnkit.data.prepare import load_data
 from attnkit.data.tokenizer import load_tokenizer
@@ -38,15 +41,27 @@ RESULTS = Path(__file__).parent / "results"
 _CLASSIFICATION = {"books": "which of the 66 books a verse is from", "testament": "which Testament a verse is from"}
 # GPT's own kind of task: the causal LM on a language its pretraining never read (Diodati's
 # Italian, held out of it: benchmarks.pretrain.HELD_OUT), scored by held-out perplexity.
-TASKS = {"bert": _CLASSIFICATION, "gpt": {**_CLASSIFICATION, "italian": "Italian verses, a language held out"}}
+# T5's: its text-to-text tasks (attnkit.data.corpora.TASKS), one at a time, scored by greedy BLEU.
+TASKS = {
+    "bert": _CLASSIFICATION,
+    "gpt": {**_CLASSIFICATION, "italian": "Italian verses, a language held out"},
+    "t5": {"modernize": "King James to World English, text to text", "french": "English to French, text to text"},
+}
 LM_TASKS = {"italian": "d"}  # task -> the Bible it reads
+T5_TASKS = {"modernize": "modernize", "french": "translate English to French"}
+SCORED = {False: 300, True: 8}  # held-out verses of a T5 task decoded (greedy); --small: 8
 # What each task is scored by, and whether more is better.
-METRIC = {"books": ("accuracy", True), "testament": ("accuracy", True), "italian": ("perplexity", False)}
+METRIC = {"books": ("accuracy", True), "testament": ("accuracy", True), "italian": ("perplexity", False),
+          "modernize": ("bleu", True), "french": ("bleu", True)}  # fmt: skip
 ARMS = ("pretrained", "random initialisation")
 # Updates per label count (None: all of them), the same for both arms: 100 examples are two
 # 2,048-token batches, so 150 updates are 75 passes over them; all (28,000) get about 4.
 STEPS: dict[int | None, int] = {100: 150, 1000: 300, None: 600}
-RATES = (1e-4, 3e-4, 1e-3)  # each arm's learning rate is chosen from these, on validation
+# T5's tasks learn to copy, then to change, over thousands of 1,024-token updates (docs/families.md).
+T5_STEPS: dict[int | None, int] = {100: 500, 1000: 1000, None: 2500}
+# Each arm's learning rate is chosen from these, on validation: AdamW's (BERT, GPT), and
+# Adafactor's relative steps around the rate T5's recipe study found (3e-2).
+RATES = {"bert": (1e-4, 3e-4, 1e-3), "gpt": (1e-4, 3e-4, 1e-3), "t5": (1e-2, 3e-2)}
 TUNE_COUNT = 1000
 # The architecture both arms take from the pretraining run (the rest is the same preset's).
 SHAPE = ("d_model", "n_heads", "d_ff", "n_layers", "max_len")
@@ -64,16 +79,20 @@ def arm(family: str, task: str, pre_dir: Path, pretrained: bool, count: int | No
     model = {f"model.{k}": str(getattr(pre.model, k)) for k in SHAPE}
     if task in LM_TASKS:  # the family's own objective on another Bible's verses
         kind = {"data.corpus": "bible", "data.bibles": LM_TASKS[task], "train.eval_batches": "1000000"}
+    elif task in T5_TASKS:  # T5's recipe (docs/families.md): no dropout, small batches
+        kind = {"train.objective": "translation", "data.corpus": "bible", "data.tasks": T5_TASKS[task],
+                "model.dropout": "0.0", "train.batch_tokens": "1024"}  # fmt: skip
     else:
         kind = {"model.lm_head": "false", "model.classifier_pooling": POOLING[family], "train.objective": "classify",
                 "data.corpus": task, "data.source": "4"}  # fmt: skip
     changes = {
-        **model, **kind, "model.dropout": "0.1", "data.tokenizer": str(pre_dir / "tokenizer.json"),
+        **model, "model.dropout": "0.1", "data.tokenizer": str(pre_dir / "tokenizer.json"),
         "data.train_examples": "null" if count is None else str(count), "data.max_tokens": "96",
         "train.seed": str(seed), "train.lr": str(lr), "train.max_steps": str(steps), "train.time_budget": "null",
         "train.schedule": "cosine", "train.warmup": str(max(steps // 10, 1)), "train.batch_tokens": "2048",
         "train.checkpoint_every": str(steps), "train.eval_every": "0", "train.log_every": str(max(steps // 10, 1)),
         "train.weight_decay": "0.01", "train.precision": "auto", "train.init": str(pre_dir) if pretrained else "null",
+        **kind,
     }  # fmt: skip
     return apply_overrides(run_preset(PRESETS[family]), changes)
 
@@ -85,25 +104,29 @@ def lm_scores(run_dir: Path, run: RunConfig, split: str) -> dict[str, Any]:
     return {"perplexity": scores["perplexity"], "loss": scores["loss"], "tokens": scores["tokens"]}
 
 
-def fine_tune(run: RunConfig, split: str) -> dict[str, Any]:
-    """Train ``run`` in a directory of its own, then its scores on ``split``."""
+def fine_tune(run: RunConfig, split: str, scored: int) -> dict[str, Any]:
+    """Train ``run`` in a directory of its own, then its scores on ``split`` (the first
+    ``scored`` verses of it where they are decoded)."""
     with TemporaryDirectory() as tmp:
         done, final = train(run, Path(tmp) / "run", progress_bar=False)
         if run.objective == "classify":
             scores = classifier_scores(Path(tmp) / "run", run, split)
             scores = {"accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"], "examples": scores["verses"]}
+        elif run.objective == "translation":
+            scores = next(iter(task_scores(Path(tmp) / "run", run, scored, split).values()))
         else:
             scores = lm_scores(Path(tmp) / "run", run, split)
     return {**scores, "updates": done.step, "seconds": done.seconds, "valid_loss": final["loss"]}
 
 
 def run(family: str, task: str, pre_dir: Path, counts: list[int | None], seeds: list[int],
-        steps: dict[int | None, int]) -> dict[str, Any]:  # fmt: skip
+        steps: dict[int | None, int], scored: int = SCORED[False]) -> dict[str, Any]:  # fmt: skip
     """Each arm's rate chosen on validation, then every (count, seed) of each arm on test."""
     tune_steps = steps.get(TUNE_COUNT, max(steps.values()))
     tuning = {
-        name: {str(lr): fine_tune(arm(family, task, pre_dir, name == ARMS[0], TUNE_COUNT, 0, lr, tune_steps), "valid")
-               for lr in RATES}
+        name: {str(lr): fine_tune(arm(family, task, pre_dir, name == ARMS[0], TUNE_COUNT, 0, lr, tune_steps), "valid",
+                                  scored)
+               for lr in RATES[family]}
         for name in ARMS
     }  # fmt: skip
     metric, higher = METRIC[task]
@@ -113,7 +136,9 @@ def run(family: str, task: str, pre_dir: Path, counts: list[int | None], seeds: 
     for count in counts:
         for name in ARMS:
             arms[name][str(count or "all")] = [
-                fine_tune(arm(family, task, pre_dir, name == ARMS[0], count, seed, rates[name], steps[count]), "test")
+                fine_tune(
+                    arm(family, task, pre_dir, name == ARMS[0], count, seed, rates[name], steps[count]), "test", scored
+                )
                 for seed in seeds
             ]
     pre, _ = read_run_config(pre_dir)
@@ -147,40 +172,59 @@ def table(result: dict[str, Any]) -> str:
         if accuracy:
             rows.append(f"| {count} | {a:.1%} ± {sa:.1%} | {b:.1%} ± {sb:.1%} | {100 * (a - b):+.1f} |")
         else:
-            rows.append(f"| {count} | {a:.1f} ± {sa:.1f} | {b:.1f} ± {sb:.1f} | {a / b:.2f}× |")
+            ratio = f"{a / b:.2f}×" if b > 0 else "—"
+            rows.append(f"| {count} | {a:.1f} ± {sa:.1f} | {b:.1f} ± {sb:.1f} | {ratio} |")
     rates = ", ".join(f"{name} {lr:g}" for name, lr in result["rates"].items())
+    examples = "labels" if accuracy else "pairs" if metric == "bleu" else "verses"
     return "\n".join([
         f"{result['family'].upper()}, {TASKS[result['family']][result['task']]} (test {metric} over seeds "
         f"{result['seeds']}; rates chosen on validation: {rates})", "",
-        f"| {'labels' if accuracy else 'verses'} | pretrained | random initialisation | "
+        f"| {examples} | pretrained | random initialisation | "
         f"{'points' if accuracy else 'ratio'} |", "|---|---|---|---|", *rows,
     ])  # fmt: skip
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
+def draw(ax: Any, result: dict[str, Any]) -> None:
     """The task's test metric against the examples trained on, per arm (mean ± one standard
-    deviation of the seeds)."""
-    from attnkit.chapter.report import pyplot
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    means = summary(result)
-    for name, by_count in means.items():
+    deviation of the seeds), on ``ax``."""
+    for name, by_count in summary(result).items():
         counts = list(by_count)
         xs = range(len(counts))
         ys, spreads = [by_count[c][0] for c in counts], [by_count[c][1] for c in counts]
         ax.errorbar(xs, ys, yerr=spreads, marker="o", capsize=3, label=name)
         ax.set_xticks(list(xs), counts)
     metric = METRIC[result["task"]][0]
-    ax.set_xlabel("training examples (labelled, or verses of the held-out language)")
+    ax.set_xlabel("labelled examples" if metric == "accuracy" else "verses of the held-out language")
     ax.set_ylabel(f"test {metric}")
     if metric == "perplexity":
         ax.set_yscale("log")
     what = TASKS[result["family"]][result["task"]]
-    ax.set_title(f"{result['family'].upper()}: {what} ({result['machine']['cpu_class']})", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_title(f"{result['family'].upper()}: {what}\n({result['machine']['cpu_class']}, "
+                 f"{len(result['seeds'])} seeds)", fontsize=8)  # fmt: skip
+    ax.legend(fontsize=7)
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """One panel per result (a family's task), side by side."""
+    from attnkit.chapter.report import pyplot
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.8), squeeze=False)
+    for ax, result in zip(axes[0], results, strict=True):
+        draw(ax, result)
+    fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def figure(results_dir: Path, path: Path) -> list[Path]:
+    """The learning curves of every committed result in ``results_dir`` (not the --small
+    ones), drawn into ``path``; the files drawn."""
+    files = sorted(f for f in results_dir.glob("fewlabels-*.json") if not f.stem.endswith("-small"))
+    if not files:
+        raise ValueError(f"no fewlabels-*.json in {results_dir}; run python -m benchmarks fewlabels first")
+    plot([json.loads(f.read_text(encoding="utf-8")) for f in files], path)
+    return files
 
 
 def _counts(text: str) -> list[int | None]:
@@ -190,13 +234,20 @@ def _counts(text: str) -> list[int | None]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks fewlabels", description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", choices=sorted(TASKS), default="bert")
-    parser.add_argument("--task", default="books", help="books or testament (default books)")
+    parser.add_argument("--task", default="books", help="bert: books, testament; gpt: also italian; t5: modernize, "
+                        "french (default books)")  # fmt: skip
     parser.add_argument("--counts", type=_counts, default=[100, 1000, None], help="label counts (default 100,1000,all)")
     parser.add_argument("--seeds", type=lambda t: [int(s) for s in t.split(",")], default=[0, 1, 2])
     parser.add_argument("--pretrained", type=Path, help="the pretraining run (default runs/pretrain/FAMILY)")
     parser.add_argument("--small", action="store_true", help="a few updates each (a quick check that it runs)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
+    parser.add_argument("--figure", type=Path, metavar="PNG",
+                        help="draw every result in --out into PNG (docs/figures/fewlabels.png) and stop")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.figure is not None:
+        drawn = figure(args.out, args.figure)
+        print(f"{args.figure}: {', '.join(f.stem for f in drawn)}")
+        return 0
     if args.task not in TASKS[args.family]:
         parser.error(f"--task {args.task!r}: {args.family} has {', '.join(TASKS[args.family])}")
     if any(c is not None and c < 1 for c in args.counts):
@@ -204,14 +255,16 @@ def main(argv: list[str]) -> int:
     pre_dir = args.pretrained or Path("runs") / "pretrain" / args.family
     if not (pre_dir / "run.json").is_file():
         parser.error(f"{pre_dir} is no pretraining run; make one: python -m benchmarks pretrain --family {args.family}")
-    steps = {c: 4 if args.small else STEPS.get(c, STEPS[TUNE_COUNT]) for c in [*args.counts, TUNE_COUNT]}
+    budget = T5_STEPS if args.family == "t5" else STEPS
+    steps = {c: 4 if args.small else budget.get(c, budget[TUNE_COUNT]) for c in [*args.counts, TUNE_COUNT]}
     load_before, started = os.getloadavg()[0], time.perf_counter()
-    result = {**run(args.family, args.task, pre_dir, args.counts, args.seeds, steps), "machine": machine()}
+    result = {**run(args.family, args.task, pre_dir, args.counts, args.seeds, steps, SCORED[args.small]),
+              "machine": machine()}  # fmt: skip
     result |= {"load_before": load_before, "load_after": os.getloadavg()[0],
                "wall_seconds": time.perf_counter() - started}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     name = f"fewlabels-{args.family}-{args.task}" + ("-small" if args.small else "")
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    plot(result, args.out / f"{name}.png")
+    plot([result], args.out / f"{name}.png")
     print(table(result))
     return 0

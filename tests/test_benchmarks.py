@@ -260,11 +260,18 @@ def test_pretraining_resumes_and_few_labels_fine_tune_both_arms_on_it(tmp_path: 
     result = json.loads((tmp_path / "fewlabels-bert-testament-small.json").read_text())
     from benchmarks.fewlabels import ARMS, RATES
 
-    assert set(result["rates"].values()) <= set(RATES) and list(result["arms"]) == list(ARMS)
+    assert set(result["rates"].values()) <= set(RATES["bert"]) and list(result["arms"]) == list(ARMS)
     for arm in ARMS:
-        assert set(result["tuning"][arm]) == {str(lr) for lr in RATES}
+        assert set(result["tuning"][arm]) == {str(lr) for lr in RATES["bert"]}
         runs = result["arms"][arm]["10"]
         assert len(runs) == 2 and all(r["updates"] == 4 and 0.0 <= r["accuracy"] <= 1.0 for r in runs)
     assert (tmp_path / "fewlabels-bert-testament-small.png").read_bytes()[:4] == b"\x89PNG"
     bad = subprocess.run([*few[:-2], "--counts", "0"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert bad.returncode == 2 and "--counts must be >= 1 or 'all'" in bad.stderr
+    from benchmarks.fewlabels import figure
+
+    committed = tmp_path / "committed"
+    committed.mkdir()
+    (committed / "fewlabels-bert-testament.json").write_text(json.dumps(result))
+    assert figure(committed, tmp_path / "all.png") == [committed / "fewlabels-bert-testament.json"]
+    assert (tmp_path / "all.png").read_bytes()[:4] == b"\x89PNG"

@@ -192,15 +192,15 @@ def t5(ctx: Context, tmp: Path) -> dict[str, dict[str, Any]]:
     return _compare(pre, pre_dir, arms, lambda run_dir, run: {"tasks": task_scores(run_dir, run, SCORED[quick])})
 
 
-def task_scores(run_dir: Path, run: RunConfig, per_task: int) -> dict[str, dict[str, float]]:
-    """Greedy BLEU of the first ``per_task`` held-out verses of each task."""
+def task_scores(run_dir: Path, run: RunConfig, per_task: int, split: str = "valid") -> dict[str, dict[str, float]]:
+    """Greedy BLEU of the first ``per_task`` verses of a held-out ``split`` in each task."""
     from attnkit.data.corpora import task_of
     from attnkit.data.prepare import read_texts
     from attnkit.loading import from_pretrained
     from attnkit.training.report import by_task, score_translations
 
     model = from_pretrained(run_dir)
-    held_out = read_texts(run).valid
+    held_out = read_texts(run).get(split)
     pairs = [p for task in run.data.tasks for p in [p for p in held_out if task_of(p[0]) == task][:per_task]]
     scores = score_translations(model, model.tokenizer, pairs, run.data.max_tokens, num_beams=1)
     return {
