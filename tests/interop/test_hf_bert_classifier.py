@@ -1,9 +1,11 @@
 """BERT's sequence-classification head: a random ``transformers``
 ``BertForSequenceClassification`` loads with its logits and label names, attnkit classifiers
-export to one ``transformers`` loads whole, and the head learns a separable task in seconds."""
+export to one ``transformers`` loads whole, and the head (BERT's, and GPT's on its last token)
+learns a separable task in seconds."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,18 +19,12 @@ transformers = pytest.importorskip("transformers")
 LABELS = ("joy", "anger", "fear")
 
 
-def hf_classifier(path: Path) -> transformers.BertForSequenceClassification:
+def hf_classifier(saved_random: Callable, path: Path) -> transformers.BertForSequenceClassification:
     config = transformers.BertConfig(
         vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
         max_position_embeddings=64, id2label=dict(enumerate(LABELS)), label2id={n: i for i, n in enumerate(LABELS)},
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.BertForSequenceClassification(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2)
-    model.save_pretrained(path)
-    return model
+    return saved_random(transformers.BertForSequenceClassification, config, path)
 
 
 def batch() -> dict[str, torch.Tensor]:
@@ -42,8 +38,8 @@ def batch() -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
-def test_loads_with_equal_logits_and_labels(tmp_path: Path) -> None:
-    reference = hf_classifier(tmp_path / "hf")
+def test_loads_with_equal_logits_and_labels(tmp_path: Path, saved_random: Callable) -> None:
+    reference = hf_classifier(saved_random, tmp_path / "hf")
     ours = attnkit.from_pretrained(tmp_path / "hf")
     assert ours.config.labels == LABELS and not ours.config.lm_head and ours.config.pooler
     inputs = batch()
@@ -60,10 +56,14 @@ def test_loads_with_equal_logits_and_labels(tmp_path: Path) -> None:
         assert_close(again(**inputs).logits, expected, atol=1e-5, rtol=0)
 
 
-def test_the_head_learns_a_separable_task() -> None:
-    """Sequences holding token 7 are class 1, the others class 0: > 90% held-out accuracy."""
+@pytest.mark.parametrize(
+    ("preset", "head"), [("bert-tiny", {"pooler": True}), ("gpt-tiny", {"classifier_pooling": "last"})]
+)
+def test_the_head_learns_a_separable_task(preset: str, head: dict) -> None:
+    """Sequences holding token 7 are class 1, the others class 0: > 90% held-out accuracy. GPT's
+    head reads its last token, which must attend back to wherever the 7 is (GPT-1's transfer)."""
     torch.manual_seed(0)
-    cfg = attnkit.preset("bert-tiny", vocab_size=50, lm_head=False, pooler=True, labels=("no", "yes"), dropout=0.0)
+    cfg = attnkit.preset(preset, vocab_size=50, lm_head=False, labels=("no", "yes"), dropout=0.0, **head)
     model = attnkit.build_model(cfg)
     g = torch.Generator().manual_seed(0)
 
