@@ -72,9 +72,10 @@ POOLING = {"bert": "mean", "gpt": "last"}
 
 def arm(family: str, task: str, pre_dir: Path, pretrained: bool, count: int | None, seed: int, lr: float,
         steps: int) -> RunConfig:  # fmt: skip
-    """One fine-tuning run: the pretraining run's own model, configuration and tokenizer with a
-    classifier (:data:`POOLING`) on ``task``, ``count`` of its training examples (None: all),
-    from the pretraining's weights or from random ones."""
+    """One fine-tuning run: the pretraining run's own model, configuration and tokenizer, with a
+    classifier (:data:`POOLING`) or on its family's own objective (:data:`LM_TASKS`,
+    :data:`T5_TASKS`), on ``count`` of the task's training examples (None: all), from the
+    pretraining's weights or from random ones."""
     pre, _ = read_run_config(pre_dir)
     model = {f"model.{k}": str(getattr(pre.model, k)) for k in SHAPE}
     if task in LM_TASKS:  # the family's own objective on another Bible's verses
