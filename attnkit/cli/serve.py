@@ -112,6 +112,10 @@ def run(args: argparse.Namespace) -> int:
     say_choice(model)
     if getattr(model, "tokenizer", None) is None:
         raise ValueError(f"{args.model} has no tokenizer, so the server cannot read text; put its tokenizer.json there")
+    if model.config.labels or getattr(model, "head", True) is None:
+        labels = list(model.config.labels)
+        what = f"a classifier (labels {labels})" if labels else "without a vocabulary head"
+        raise ValueError(f"{args.model} is {what} and generates nothing to serve; label texts with attnkit classify")
     limits = Limits(
         max_body_bytes=args.max_body_bytes, max_input_tokens=args.max_input_tokens, max_new_tokens=args.max_new_tokens,
         max_beams=args.max_beams, max_batch=args.max_batch, max_queue=args.max_queue,

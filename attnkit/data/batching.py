@@ -398,9 +398,8 @@ def few_examples(n: int, count: int, seed: int, strata: np.ndarray | None = None
     if strata is None:
         return np.sort(permutation(rng, n)[:count])
     kinds, sizes = np.unique(strata, return_counts=True)
-    share = sizes * count / n  # each stratum's exact share
-    take = np.floor(share).astype(np.int64)
-    order = np.lexsort((rng.permutation(len(kinds)), -(share - take)))  # largest remainder first
+    take, remainder = np.divmod(sizes.astype(np.int64) * count, n)  # each stratum's share, in whole examples
+    order = np.lexsort((rng.permutation(len(kinds)), -remainder))  # largest remainder first, ties by the seed
     take[order[: count - int(take.sum())]] += 1
     members = (np.flatnonzero(strata == kind) for kind in kinds)
     picked = [index[permutation(rng, size)[:k]] for index, size, k in zip(members, sizes, take, strict=True)]

@@ -165,6 +165,18 @@ class Model(nn.Module):
         """Number of distinct parameters (tied weights counted once)."""
         return sum(p.numel() for p in self.parameters())
 
+    def text_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's ids with the model's tokenizer, its specials included ([CLS] ... [SEP]),
+        cut to the model's positions keeping the last one."""
+        from attnkit.generation.text import encode, fit
+
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of strings, got one str; wrap it in a list")
+        tokenizer = getattr(self, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("this model has no tokenizer to read text with; load it from a directory that has one")
+        return [fit(row, self.config.max_len) for row in encode(tokenizer, list(texts))]
+
     @torch.no_grad()
     def batched(
         self, ids: Sequence[Sequence[int]], batch_size: int = 32
@@ -411,15 +423,3 @@ class EncoderOnlyModel(Model):
         for batch, out, mask in self.batched(ids, batch_size):
             vectors[batch] = mean_pool(out.last_hidden_state.float(), mask)
         return unit(vectors) if normalize else vectors
-
-    def text_ids(self, texts: Sequence[str]) -> list[list[int]]:
-        """Each text's ids with the model's tokenizer, its specials included ([CLS] ... [SEP]),
-        cut to the model's positions keeping the last one."""
-        from attnkit.generation.text import encode, fit
-
-        if isinstance(texts, str):
-            raise TypeError("texts must be a sequence of strings, got one str; wrap it in a list")
-        tokenizer = getattr(self, "tokenizer", None)
-        if tokenizer is None:
-            raise ValueError("this model has no tokenizer to read text with; load it from a directory that has one")
-        return [fit(row, self.config.max_len) for row in encode(tokenizer, list(texts))]

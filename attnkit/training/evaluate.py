@@ -99,8 +99,9 @@ def translation_bleu(
 def classification_scores(
     model: Model, examples: Sequence[tuple[Sequence[int], int]], classes: int, batch_size: int = 32
 ) -> dict[str, Any]:
-    """Accuracy, macro-F1 (the mean over classes of 2·precision·recall / (precision + recall),
-    a class never predicted nor present scoring 0) and the confusion matrix (rows: the true
+    """Accuracy, macro-F1 (the mean of 2·precision·recall / (precision + recall) over the classes
+    present or predicted, as scikit-learn's: a class the split never holds nor the model names,
+    e.g. a book with no held-out chapter, is left out, not counted 0) and the confusion matrix (rows: the true
     class, columns: the predicted one) of ``model``'s predictions of (ids, class) examples."""
     was_training = model.training
     model.eval()
@@ -113,5 +114,7 @@ def classification_scores(
     precision = hits / confusion.sum(0).clamp(min=1)
     recall = hits / confusion.sum(1).clamp(min=1)
     f1 = torch.where(precision + recall > 0, 2 * precision * recall / (precision + recall), torch.zeros_like(hits))
-    return {"accuracy": float(hits.sum() / max(int(confusion.sum()), 1)), "macro_f1": float(f1.mean()),
+    seen = (confusion.sum(0) + confusion.sum(1)) > 0
+    macro = float(f1[seen].mean()) if bool(seen.any()) else 0.0
+    return {"accuracy": float(hits.sum() / max(int(confusion.sum()), 1)), "macro_f1": macro,
             "confusion": confusion.tolist()}  # fmt: skip

@@ -117,7 +117,8 @@ def pretrained(run: RunConfig) -> Model | None:
     if family != run.model.family:
         raise ValueError(
             f"train.init={init!r} is a {family} model, and this run's model is {run.model.family}; fine-tune it "
-            f"with a {family} preset (e.g. --preset {FAMILY_PRESETS[family]} --train.objective={run.objective}), or "
+            f"with a {family} preset (e.g. --preset {FAMILY_PRESETS[family]} --train.objective={run.objective}"
+            f"{' --model.classifier_pooling=last' if family == 'gpt' and run.objective == 'classify' else ''}), or "
             f"pretrain a {run.model.family}"
         )
     if getattr(model, "tokenizer", None) is None:
@@ -236,8 +237,9 @@ def _probe(run: RunConfig, data: Data, table: FitTable, world: World, precision:
 
 
 def make_objective(run: RunConfig, specials: Specials | None) -> Objective:
-    if run.objective == "classify":
-        return Classify(run.model.pad_token_id)
+    if run.objective == "classify":  # padding is masked: a model without a pad id (GPT-2's) pads with eos, or 0
+        model = run.model
+        return Classify(next((i for i in (model.pad_token_id, model.eos_token_id) if i is not None), 0))
     if specials is None:
         raise ValueError(f"the {run.objective} objective needs attnkit's special tokens in the tokenizer")
     if run.objective == "translation":
@@ -252,10 +254,12 @@ def make_objective(run: RunConfig, specials: Specials | None) -> Objective:
 def model_config_for(run: RunConfig, data: Data, base: ModelConfig | None = None) -> RunConfig:
     """The run with the model's vocabulary and special ids taken from the tokenizer; a
     fine-tuning run's model is ``base`` (the pretrained one's) with the task's head added."""
+    lora = dict(lora_rank=run.model.lora_rank, lora_alpha=run.model.lora_alpha, lora_targets=run.model.lora_targets)
     if run.objective == "classify":
         head = dict(labels=data.labels, lm_head=False, classifier_pooling=run.model.classifier_pooling)
-        if base is not None:
-            return RunConfig(model=base.replace(dropout=run.model.dropout, **head), train=run.train, data=run.data)
+        if base is not None:  # the pretrained model with the task's head, and adapters if asked
+            model = base.replace(dropout=run.model.dropout, **head, **lora)
+            return RunConfig(model=model, train=run.train, data=run.data)
         if run.train.init is not None or data.specials is None:  # resumed: run.json holds the model already
             return RunConfig(model=run.model.replace(**head), train=run.train, data=run.data)
         pad = data.specials.pad
@@ -264,7 +268,6 @@ def model_config_for(run: RunConfig, data: Data, base: ModelConfig | None = None
     if run.train.init is not None:  # fine-tuning: the pretrained model, with adapters if asked
         if base is None:  # resumed: run.json holds the model already
             return run
-        lora = dict(lora_rank=run.model.lora_rank, lora_alpha=run.model.lora_alpha, lora_targets=run.model.lora_targets)
         return RunConfig(model=base.replace(**lora), train=run.train, data=run.data)
     s = data.specials
     assert s is not None
@@ -436,6 +439,8 @@ def train(
             _copy_pretrained(model, base)
             if run.model.lora_rank:
                 lora.add(model, run.model.lora_rank, run.model.lora_alpha, run.model.lora_targets)
+                if getattr(model, "classifier", None) is not None:  # a new head learns whole beside the adapters
+                    model.classifier.requires_grad_(True)
             model.config = run.model
             model = model.to(world.device)
         state = None

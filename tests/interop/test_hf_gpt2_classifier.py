@@ -73,3 +73,10 @@ def test_a_classifier_does_not_generate() -> None:
     cfg = attnkit.preset("gpt-tiny", vocab_size=50, lm_head=False, labels=("a", "b"), classifier_pooling="last")
     with pytest.raises(ValueError, match=r"^this gpt model is a classifier \(labels \['a', 'b'\]\)"):
         attnkit.build_model(cfg).generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2)
+
+
+def test_a_llama_shaped_classifier_has_no_llama_export(tmp_path: Path) -> None:
+    cfg = attnkit.preset("llama-tiny", vocab_size=64, lm_head=False, labels=("a", "b"), classifier_pooling="last")
+    with pytest.raises(ValueError, match=r"without a vocabulary head \(a classifier\) has no llama export"):
+        attnkit.export_hf(attnkit.build_model(cfg), tmp_path / "never")
+    assert not (tmp_path / "never").exists()

@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnkit.cli import main
 
@@ -100,3 +101,21 @@ def test_a_label_only_in_held_out_data_and_wrong_models_are_refused(
     attnkit.build_model(attnkit.preset("gpt-tiny")).save_pretrained(tmp_path / "gpt")
     assert main(["classify", "--model", str(tmp_path / "gpt"), "hello"]) == 2
     assert "without a classification head" in capsys.readouterr().err
+
+
+def test_macro_f1_averages_the_classes_present_or_predicted() -> None:
+    """Three classes, the third never held out nor predicted (a book without a held-out
+    chapter): macro-F1 is the mean over the two others, as scikit-learn's, not over three."""
+    from attnkit.training.evaluate import classification_scores
+
+    truth, guesses = [0, 0, 1, 1], [0, 1, 1, 1]
+
+    class Fixed(torch.nn.Module):  # answers ``guesses`` for the examples in order
+        def batched(self, ids: list, batch_size: int):
+            logits = torch.nn.functional.one_hot(torch.tensor(guesses), 3).float()
+            yield torch.arange(len(ids)), type("Out", (), {"logits": logits})(), None
+
+    scores = classification_scores(Fixed(), [([1], t) for t in truth], classes=3)
+    f1_0, f1_1 = 2 * 1.0 * 0.5 / 1.5, 2 * (2 / 3) * 1.0 / (2 / 3 + 1.0)  # precision · recall per class
+    assert scores["macro_f1"] == pytest.approx((f1_0 + f1_1) / 2)
+    assert scores["accuracy"] == 0.75

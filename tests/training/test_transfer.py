@@ -11,9 +11,11 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 from torch.testing import assert_close
 
 import attnkit
+from attnkit.cli import main
 from attnkit.config import RunConfig, apply_overrides, run_preset
 from attnkit.training.run import train
 
@@ -101,3 +103,34 @@ def test_fine_tuning_with_another_vocabulary_is_one_line(pretrained_gpt: Path, t
     with pytest.raises(ValueError, match=r"^data\.tokenizer=.* has \d+ tokens and train\.init=.*'s model \d+; give"):
         train(run, tmp_path / "never", progress_bar=False)
     assert not (tmp_path / "never").exists()
+
+
+def test_a_gpt_classifier_labels_text_and_is_refused_where_it_cannot_go(
+    pretrained_gpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    labelled = counting(tmp_path / "labelled.txt", 200, seed=5, label=True)
+    changes = {"train.objective": "classify", "train.init": str(pretrained_gpt), "model.lm_head": "false",
+               "model.classifier_pooling": "last"}  # fmt: skip
+    train(run_of("gpt-tiny", labelled, 2, **changes), tmp_path / "classifier", progress_bar=False)
+    capsys.readouterr()
+    assert main(["classify", "--model", str(tmp_path / "classifier"), "one two three four", "nine ten eleven"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] in ("high", "low") for line in lines] == [True, True]
+    assert main(["serve", "--model", str(tmp_path / "classifier")]) == 2
+    assert "is a classifier (labels ['high', 'low']) and generates nothing to serve" in capsys.readouterr().err
+
+
+def test_lora_fine_tuning_trains_the_new_classifier_head_whole(pretrained_gpt: Path, tmp_path: Path) -> None:
+    labelled = counting(tmp_path / "labelled.txt", 200, seed=6, label=True)
+    changes = {"train.objective": "classify", "train.init": str(pretrained_gpt), "model.lm_head": "false",
+               "model.classifier_pooling": "last", "model.lora_rank": "2", "train.lr": "1e-2"}  # fmt: skip
+    train(run_of("gpt-tiny", labelled, 3, **changes), tmp_path / "lora", progress_bar=False)
+    tuned = attnkit.from_pretrained(tmp_path / "lora")  # adapters merged into the weights they adapt
+    seed = json.loads((tmp_path / "lora" / "run.json").read_text())["train"]["seed"]
+    torch.manual_seed(seed)  # the head as the run initialised it: built from its seed, before the copy
+    initial = attnkit.build_model(tuned.config.replace(lora_rank=0)).classifier[1].weight
+    assert not torch.equal(tuned.classifier[1].weight, initial)  # trained (a frozen head would be equal)
+    base = dict(attnkit.from_pretrained(pretrained_gpt).named_parameters())
+    for name, tensor in tuned.named_parameters():  # the weights no adapter targets stay the pretrained ones
+        if name in base and not any(t in name for t in ("w_q", "w_v")):
+            assert_close(tensor, base[name], atol=0, rtol=0, msg=name)

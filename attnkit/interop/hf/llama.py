@@ -48,6 +48,11 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     )  # fmt: skip
     if not llama_shaped:
         raise ValueError("only Llama-shaped GPTs (rotary, RMSNorm pre-LN, SwiGLU, no biases) export to llama")
+    if cfg.labels or not cfg.lm_head:
+        raise ValueError(
+            "a Llama-shaped GPT without a vocabulary head (a classifier) has no llama export; save it with "
+            "save_pretrained (attnkit's own directory)"
+        )
     return {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
