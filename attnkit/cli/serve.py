@@ -112,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
     say_choice(model)
     if getattr(model, "tokenizer", None) is None:
         raise ValueError(f"{args.model} has no tokenizer, so the server cannot read text; put its tokenizer.json there")
-    if model.config.labels or getattr(model, "head", True) is None:
-        labels = list(model.config.labels)
+    if model.config.family == "gpt" and (model.config.labels or getattr(model, "head", True) is None):
+        labels = list(model.config.labels)  # an encoder without a vocabulary head still serves embeddings
         what = f"a classifier (labels {labels})" if labels else "without a vocabulary head"
         raise ValueError(f"{args.model} is {what} and generates nothing to serve; label texts with attnkit classify")
     limits = Limits(
