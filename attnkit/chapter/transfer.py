@@ -65,7 +65,8 @@ def _compare(
 ) -> dict[str, dict[str, Any]]:
     """Pretrain ``pre`` into ``pre_dir``, then train every arm beside it and ``score`` it; a
     pretrained arm's seconds include the pretraining's, and its pretraining's steps are kept beside
-    its own (``steps``), so that the totals the arms trained can be checked."""
+    its own (``steps``), and so are the target tokens each trained on, so that the totals the arms
+    trained can be checked."""
     before, pre_final = train(pre, pre_dir, force=True, progress_bar=False)
     task_data = None
     results = {}
@@ -75,10 +76,11 @@ def _compare(
         run_dir = pre_dir.parent / f"{pre_dir.name}-{i}"
         done, final = train(arm.run, run_dir, force=True, progress_bar=False, data=task_data if arm.shared else None)
         results[name] = {
-            **score(run_dir, arm.run), "valid_loss": final["loss"], "steps": done.step,
+            **score(run_dir, arm.run), "valid_loss": final["loss"], "steps": done.step, "tokens": done.tokens,
             "seconds": done.seconds + (before.seconds if arm.pretrained else 0.0),
             "pretraining_seconds": before.seconds if arm.pretrained else 0.0,
             "pretraining_steps": before.step if arm.pretrained else 0,
+            "pretraining_tokens": before.tokens if arm.pretrained else 0,
             "pretraining_loss": pre_final["loss"] if arm.pretrained else None,
         }  # fmt: skip
     return results

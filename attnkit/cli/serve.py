@@ -112,9 +112,8 @@ def run(args: argparse.Namespace) -> int:
     say_choice(model)
     if getattr(model, "tokenizer", None) is None:
         raise ValueError(f"{args.model} has no tokenizer, so the server cannot read text; put its tokenizer.json there")
-    if model.config.family == "gpt" and (model.config.labels or getattr(model, "head", True) is None):
-        labels = list(model.config.labels)  # an encoder without a vocabulary head still serves embeddings
-        what = f"a classifier (labels {labels})" if labels else "without a vocabulary head"
+    what = model.headless()
+    if model.config.family == "gpt" and what is not None:  # an encoder without a vocabulary head serves embeddings
         raise ValueError(f"{args.model} is {what} and generates nothing to serve; label texts with attnkit classify")
     limits = Limits(
         max_body_bytes=args.max_body_bytes, max_input_tokens=args.max_input_tokens, max_new_tokens=args.max_new_tokens,

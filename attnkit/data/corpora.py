@@ -238,9 +238,12 @@ def books(code: str = "4", seed: int = 0) -> Split[tuple[str, str]]:
     validation and one in test, so that both cover 60 books, each with a chapter's verses."""
     verses = _verses(code)
     rng = random.Random(seed)
+    chapters_of: dict[int, set[int]] = {}
+    for book, chapter, _ in verses:
+        chapters_of.setdefault(book, set()).add(chapter)
     which: dict[tuple[int, int], str] = {}
-    for book in sorted({b for b, _, _ in verses}):
-        chapters = sorted({c for b, c, _ in verses if b == book})
+    for book in sorted(chapters_of):
+        chapters = sorted(chapters_of[book])
         if len(chapters) >= 3:
             valid, test = rng.sample(chapters, 2)
             which[book, valid], which[book, test] = "valid", "test"

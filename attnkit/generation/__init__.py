@@ -60,8 +60,7 @@ def _validate(
     cfg = model.config
     if cfg.family == "bert":
         raise ValueError("BERT is an encoder and does not generate; use attnkit fill-mask for [MASK] predictions")
-    if cfg.labels or getattr(model, "head", True) is None:
-        what = f"a classifier (labels {list(cfg.labels)})" if cfg.labels else "without a vocabulary head"
+    if (what := model.headless()) is not None:
         raise ValueError(f"this {cfg.family} model is {what} and does not generate; use attnkit classify")
     check_ids("input_ids", input_ids, cfg.vocab_size)
     if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):

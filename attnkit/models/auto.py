@@ -105,8 +105,8 @@ def choose(model: Model, job: Job) -> tuple[Model, Choice]:
         return model, Choice(kept, f"the model is saved in {kept}; it runs as it is")
     if isinstance(model, EncoderOnlyModel):  # BERT: no next-token perplexity to check, no decoding to speed up
         return model, Choice("fp32", "an encoder-only model has no next-token check to pass; it runs as trained")
-    if getattr(model, "head", True) is None:  # a GPT classifier: no vocabulary to check the formats by
-        return model, Choice("fp32", "a model without a vocabulary head has no next-token check; it runs as trained")
+    if (what := model.headless()) is not None:  # a GPT classifier: no vocabulary to check the formats by
+        return model, Choice("fp32", f"the model is {what}, with no next-token check; it runs as trained")
     model.eval()
     device = next(model.parameters()).device
     where = f"this {cpu_class().describe()} CPU" if device.type == "cpu" else device.type

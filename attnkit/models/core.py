@@ -218,6 +218,13 @@ class Model(nn.Module):
             vector = h[:, 0] if pooled is None else pooled
         return self.classifier(vector)  # type: ignore[operator]
 
+    def headless(self) -> str | None:
+        """What this model is when it has no vocabulary head to generate with ("a classifier
+        (labels [...])" or "without a vocabulary head"); None when it has one."""
+        if self.config.labels:
+            return f"a classifier (labels {list(self.config.labels)})"
+        return "without a vocabulary head" if getattr(self, "head", True) is None else None
+
     def head_output(
         self, h: Tensor, embedding: Tensor, target_ids: Tensor | None, label_smoothing: float
     ) -> tuple[Tensor | None, VocabLoss | None]:

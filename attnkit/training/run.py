@@ -124,11 +124,19 @@ def pretrained(run: RunConfig) -> Model | None:
     if getattr(model, "tokenizer", None) is None:
         raise ValueError(f"train.init={init!r} has no tokenizer to fine-tune with; use a directory with one")
     if run.data.tokenizer is not None:
-        size = load_tokenizer(run.data.tokenizer).get_vocab_size()
+        given = load_tokenizer(run.data.tokenizer)
+        size, fix = given.get_vocab_size(), "give the pretraining's own tokenizer, or none (fine-tuning reads it)"
         if size != model.config.vocab_size:
             raise ValueError(
                 f"data.tokenizer={run.data.tokenizer} has {size:,} tokens and train.init={init!r}'s model "
-                f"{model.config.vocab_size:,}; give the pretraining's own tokenizer, or none (fine-tuning reads it)"
+                f"{model.config.vocab_size:,}; {fix}"
+            )
+        own = model.tokenizer.get_vocab()
+        moved = sorted(token for token, i in given.get_vocab().items() if own.get(token) != i)
+        if moved:  # as many tokens, other ones: every embedding row would mean another token
+            raise ValueError(
+                f"data.tokenizer={run.data.tokenizer} is not train.init={init!r}'s tokenizer: {len(moved):,} of its "
+                f"{size:,} tokens are at other ids or not there (e.g. {moved[0]!r}); {fix}"
             )
     return model
 

@@ -103,6 +103,14 @@ def test_fine_tuning_with_another_vocabulary_is_one_line(pretrained_gpt: Path, t
     with pytest.raises(ValueError, match=r"^data\.tokenizer=.* has \d+ tokens and train\.init=.*'s model \d+; give"):
         train(run, tmp_path / "never", progress_bar=False)
     assert not (tmp_path / "never").exists()
+    # As many tokens, learnt from other text: refused for its contents, not its size
+    size = str(len(json.loads((pretrained_gpt / "tokenizer.json").read_text())["model"]["vocab"]))
+    train(run_of("gpt-tiny", text, 1, **{"data.vocab_size": size}), tmp_path / "same-size", progress_bar=False)
+    same_size = str(tmp_path / "same-size" / "tokenizer.json")
+    run = run_of("gpt-tiny", text, 1, **{"train.init": str(pretrained_gpt), "data.tokenizer": same_size})
+    with pytest.raises(ValueError, match=r"^data\.tokenizer=.* is not train\.init=.* tokenizer: \d+ of its \d+ tokens"):
+        train(run, tmp_path / "never", progress_bar=False)
+    assert not (tmp_path / "never").exists()
 
 
 def test_a_gpt_classifier_labels_text_and_is_refused_where_it_cannot_go(
