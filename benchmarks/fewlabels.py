@@ -8,18 +8,28 @@ pretraining never read (held-out perplexity), T5 its text-to-text tasks (greedy 
     python -m benchmarks fewlabels --family bert|gpt|t5 [--task TASK] [--counts 100,1000,all]
         [--seeds 0,1,2] [--pretrained runs/pretrain/FAMILY] [--small]
     python -m benchmarks fewlabels --figure docs/figures/fewlabels.png   # every committed result
+    python -m benchmarks fewlabels --family gpt --task italian --budget --counts 1000 --seeds 0
 
 Both arms share the pretraining's tokenizer, architecture, schedule and updates per label count
 (:data:`STEPS`, :data:`T5_STEPS`; counted, so that the machine's load changes seconds, not results); each arm's
 learning rate is its best of :data:`RATES` on validation at 1,000 labels, seed 0 (said in the
 results), and every score is on the test split. Results go to ``--out`` (default
 benchmarks/results): ``fewlabels-FAMILY-TASK.json`` and ``.png``.
+
+``--budget`` answers the budget question instead: at each label count and seed, both arms as
+validation-loss curves over the positions they trained on (every update's padded batch), the
+pretrained arm's starting where its pretraining's positions end, and the random arm trained for
+as many positions as the pretraining and the fine-tuning together, at each arm's rate from the
+committed ``fewlabels-FAMILY-TASK.json``; the total at which the pretrained arm's curve goes
+below the other's, if it does (:func:`benchmarks.crossing.crossing`). Results:
+``budget-FAMILY-TASK.json`` and ``.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
@@ -35,7 +45,8 @@ from attnkit.training.checkpoint import run_model
 from attnkit.training.evaluate import evaluate
 from attnkit.training.run import make_objective, read_run_config, train
 from benchmarks.common import machine
-from benchmarks.pretrain import PRESETS
+from benchmarks.crossing import crossing
+from benchmarks.pretrain import PRESETS, curve
 
 RESULTS = Path(__file__).parent / "results"
 _CLASSIFICATION = {"books": "which of the 66 books a verse is from", "testament": "which Testament a verse is from"}
@@ -59,6 +70,8 @@ ARMS = ("pretrained", "random initialisation")
 STEPS: dict[int | None, int] = {100: 150, 1000: 300, None: 600}
 # T5's tasks learn to copy, then to change, over thousands of 1,024-token updates (docs/families.md).
 T5_STEPS: dict[int | None, int] = {100: 500, 1000: 1000, None: 2500}
+BATCH = 2048  # fine-tuning's padded positions an update (T5's tasks: T5_BATCH)
+T5_BATCH = 1024
 # Each arm's learning rate is chosen from these, on validation: AdamW's (BERT, GPT), and
 # Adafactor's relative steps around the rate T5's recipe study found (3e-2).
 RATES = {"bert": (1e-4, 3e-4, 1e-3), "gpt": (1e-4, 3e-4, 1e-3), "t5": (1e-2, 3e-2)}
@@ -82,7 +95,7 @@ def arm(family: str, task: str, pre_dir: Path, pretrained: bool, count: int | No
         kind = {"data.corpus": "bible", "data.bibles": LM_TASKS[task], "train.eval_batches": "1000000"}
     elif task in T5_TASKS:  # T5's recipe (docs/families.md): no dropout, small batches
         kind = {"train.objective": "translation", "data.corpus": "bible", "data.tasks": T5_TASKS[task],
-                "model.dropout": "0.0", "train.batch_tokens": "1024"}  # fmt: skip
+                "model.dropout": "0.0", "train.batch_tokens": str(T5_BATCH)}  # fmt: skip
     else:
         kind = {"model.lm_head": "false", "model.classifier_pooling": POOLING[family], "train.objective": "classify",
                 "data.corpus": task, "data.source": "4"}  # fmt: skip
@@ -90,7 +103,7 @@ def arm(family: str, task: str, pre_dir: Path, pretrained: bool, count: int | No
         **model, "model.dropout": "0.1", "data.tokenizer": str(pre_dir / "tokenizer.json"),
         "data.train_examples": "null" if count is None else str(count), "data.max_tokens": "96",
         "train.seed": str(seed), "train.lr": str(lr), "train.max_steps": str(steps), "train.time_budget": "null",
-        "train.schedule": "cosine", "train.warmup": str(max(steps // 10, 1)), "train.batch_tokens": "2048",
+        "train.schedule": "cosine", "train.warmup": str(max(steps // 10, 1)), "train.batch_tokens": str(BATCH),
         "train.checkpoint_every": str(steps), "train.eval_every": "0", "train.log_every": str(max(steps // 10, 1)),
         "train.weight_decay": "0.01", "train.precision": "auto", "train.init": str(pre_dir) if pretrained else "null",
         **kind,
@@ -146,6 +159,55 @@ def run(family: str, task: str, pre_dir: Path, counts: list[int | None], seeds: 
     return {"family": family, "task": task, "pretraining": str(pre_dir), "pretraining_steps": pre.train.max_steps,
             "steps": {str(c or "all"): steps[c] for c in counts}, "seeds": seeds, "rates": rates,
             "tuning": tuning, "arms": arms}  # fmt: skip
+
+
+def budget(family: str, task: str, pre_dir: Path, count: int | None, seed: int, rates: dict[str, float],
+           steps: int, points: int = 20) -> dict[str, Any]:  # fmt: skip
+    """The budget question at one label count and seed: each arm's validation loss (the whole
+    split, every ``1/points`` of its updates) over the positions trained on, the pretrained
+    arm's after its pretraining's, the random arm's for as many positions as both of the
+    pretrained arm's runs together; and the total at which the pretrained curve goes below."""
+    pre, _ = read_run_config(pre_dir)
+    spent = pre.train.max_steps * pre.train.batch_tokens  # the pretraining's padded positions
+    curves: dict[str, list[tuple[int, int, float]]] = {}
+    with TemporaryDirectory() as tmp:
+        per_update = T5_BATCH if task in T5_TASKS else BATCH
+        for name in ARMS:
+            updates = steps if name == ARMS[0] else steps + math.ceil(spent / per_update)
+            every = str(max(updates // points, 1))
+            run = apply_overrides(arm(family, task, pre_dir, name == ARMS[0], count, seed, rates[name], updates), {
+                "train.eval_every": every, "train.log_every": every, "train.eval_batches": "1000000"})  # fmt: skip
+            done, final = train(run, Path(tmp) / name, progress_bar=False)
+            points_at = {u: loss for u, _, loss in curve(Path(tmp) / name)["valid"]} | {done.step: final["loss"]}
+            curves[name] = [(u * per_update, u, loss) for u, loss in sorted(points_at.items())]
+    return {"count": count, "seed": seed, "pretraining_positions": spent, "curves": curves,
+            "best": {name: min(loss for _, _, loss in c) for name, c in curves.items()},
+            "crossing_positions": crossing(curves[ARMS[0]], curves[ARMS[1]], offset=spent)}  # fmt: skip
+
+
+def draw_budget(result: dict[str, Any], path: Path) -> None:
+    """Each (count, seed)'s validation loss over total positions, the pretrained arm after its
+    pretraining; a dotted line where it goes below."""
+    from attnkit.chapter.report import pyplot
+
+    plt = pyplot()
+    runs = result["runs"]
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.5 * len(runs), 3.6), squeeze=False)
+    for ax, one in zip(axes[0], runs, strict=True):
+        for name, points in one["curves"].items():
+            offset = one["pretraining_positions"] if name == ARMS[0] else 0
+            ax.plot([(offset + p) / 1e6 for p, _, _ in points], [loss for _, _, loss in points], marker=".",
+                    label=name)  # fmt: skip
+        if one["crossing_positions"] is not None:
+            ax.axvline(one["crossing_positions"] / 1e6, linestyle=":", color="grey")
+        ax.set_xlabel("positions trained on, pretraining included (millions)")
+        ax.set_ylabel("validation loss")
+        ax.set_title(f"{result['family'].upper()} {result['task']}, {one['count'] or 'all'} examples, seed "
+                     f"{one['seed']}\n({result['machine']['cpu_class']})", fontsize=8)  # fmt: skip
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
 
 
 def summary(result: dict[str, Any]) -> dict[str, dict[str, tuple[float, float]]]:
@@ -241,6 +303,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seeds", type=lambda t: [int(s) for s in t.split(",")], default=[0, 1, 2])
     parser.add_argument("--pretrained", type=Path, help="the pretraining run (default runs/pretrain/FAMILY)")
     parser.add_argument("--small", action="store_true", help="a few updates each (a quick check that it runs)")
+    parser.add_argument("--budget", action="store_true", help="both arms as curves over the positions trained "
+                        "on, pretraining's included, to where the pretrained one overtakes (e.g. --counts 1000 "
+                        "--seeds 0)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
     parser.add_argument("--figure", type=Path, metavar="PNG",
                         help="draw every result in --out into PNG (docs/figures/fewlabels.png) and stop")  # fmt: skip
@@ -256,15 +321,35 @@ def main(argv: list[str]) -> int:
     pre_dir = args.pretrained or Path("runs") / "pretrain" / args.family
     if not (pre_dir / "run.json").is_file():
         parser.error(f"{pre_dir} is no pretraining run; make one: python -m benchmarks pretrain --family {args.family}")
-    budget = T5_STEPS if args.family == "t5" else STEPS
-    steps = {c: 4 if args.small else budget.get(c, budget[TUNE_COUNT]) for c in [*args.counts, TUNE_COUNT]}
+    counted = T5_STEPS if args.family == "t5" else STEPS
+    steps = {c: 4 if args.small else counted.get(c, counted[TUNE_COUNT]) for c in [*args.counts, TUNE_COUNT]}
+    small = "-small" if args.small else ""
+    tuned = args.out / f"fewlabels-{args.family}-{args.task}{small}.json"
+    if args.budget and not tuned.is_file():
+        parser.error(f"--budget takes each arm's rate from {tuned}; run python -m benchmarks fewlabels --family "
+                     f"{args.family} --task {args.task}{' --small' if args.small else ''} first")  # fmt: skip
     load_before, started = os.getloadavg()[0], time.perf_counter()
-    result = {**run(args.family, args.task, pre_dir, args.counts, args.seeds, steps, SCORED[args.small]),
-              "machine": machine()}  # fmt: skip
-    result |= {"load_before": load_before, "load_after": os.getloadavg()[0],
+    if args.budget:
+        rates = json.loads(tuned.read_text(encoding="utf-8"))["rates"]
+        result = {"family": args.family, "task": args.task, "pretraining": str(pre_dir), "rates": rates,
+                  "runs": [budget(args.family, args.task, pre_dir, c, seed, rates, steps[c])
+                           for c in args.counts for seed in args.seeds]}  # fmt: skip
+    else:
+        result = run(args.family, args.task, pre_dir, args.counts, args.seeds, steps, SCORED[args.small])
+    result |= {"machine": machine(), "load_before": load_before, "load_after": os.getloadavg()[0],
                "wall_seconds": time.perf_counter() - started}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    name = f"fewlabels-{args.family}-{args.task}" + ("-small" if args.small else "")
+    name = f"{'budget' if args.budget else 'fewlabels'}-{args.family}-{args.task}{small}"
+    if args.budget:
+        (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        draw_budget(result, args.out / f"{name}.png")
+        for one in result["runs"]:
+            where = one["crossing_positions"]
+            print(f"{one['count'] or 'all'} examples, seed {one['seed']}: best validation loss "
+                  + ", ".join(f"{arm} {loss:.3f}" for arm, loss in one["best"].items())
+                  + ("; the pretrained arm never goes below" if where is None
+                     else f"; the pretrained arm below from {where / 1e6:.1f} M positions"))  # fmt: skip
+        return 0
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     plot([result], args.out / f"{name}.png")
     print(table(result))

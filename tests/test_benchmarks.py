@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -268,6 +269,21 @@ def test_pretraining_resumes_and_few_labels_fine_tune_both_arms_on_it(tmp_path: 
     assert (tmp_path / "fewlabels-bert-testament-small.png").read_bytes()[:4] == b"\x89PNG"
     bad = subprocess.run([*few[:-2], "--counts", "0"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert bad.returncode == 2 and "--counts must be >= 1 or 'all'" in bad.stderr
+    # The budget question: the random arm trains for the pretraining's positions and the fine-tuning's
+    spent = 4 * first["config"]["train"]["batch_tokens"]
+    alone_updates = 4 + math.ceil(spent / 2048)
+    subprocess.run([*few, "--budget", "--seeds", "0"], check=True, capture_output=True, text=True, timeout=900,
+                   cwd=ROOT)  # fmt: skip
+    budget = json.loads((tmp_path / "budget-bert-testament-small.json").read_text())
+    (one,) = budget["runs"]
+    assert budget["rates"] == result["rates"] and one["pretraining_positions"] == spent
+    tuned, alone = (one["curves"][arm] for arm in ARMS)
+    assert tuned[-1][:2] == [4 * 2048, 4] and alone[-1][:2] == [alone_updates * 2048, alone_updates]
+    assert one["best"] == {arm: min(loss for _, _, loss in one["curves"][arm]) for arm in ARMS}
+    assert (tmp_path / "budget-bert-testament-small.png").read_bytes()[:4] == b"\x89PNG"
+    untuned = subprocess.run([*few[:-1], str(tmp_path / "none"), "--budget"], capture_output=True, text=True,
+                             timeout=600, cwd=ROOT)  # fmt: skip
+    assert untuned.returncode == 2 and "--budget takes each arm's rate from" in untuned.stderr
     from benchmarks.fewlabels import figure
 
     committed = tmp_path / "committed"
