@@ -7,7 +7,7 @@ pretraining never read (held-out perplexity), T5 its text-to-text tasks (greedy 
 
     python -m benchmarks fewlabels --family bert|gpt|t5 [--task TASK] [--counts 100,1000,all]
         [--seeds 0,1,2] [--pretrained runs/pretrain/FAMILY] [--small]
-    python -m benchmarks fewlabels --figure docs/figures/fewlabels.png   # every committed result
+    python -m benchmarks fewlabels --figure docs/figures/fewlabels.png   # every committed result, and its table
     python -m benchmarks fewlabels --family gpt --task italian --budget --counts 1000 --seeds 0
 
 Both arms share the pretraining's tokenizer, architecture, schedule and updates per label count
@@ -312,6 +312,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.figure is not None:
         drawn = figure(args.out, args.figure)
+        for f in drawn:  # each result's table, as docs/families.md shows it
+            print(table(json.loads(f.read_text(encoding="utf-8"))), end="\n\n")
         print(f"{args.figure}: {', '.join(f.stem for f in drawn)}")
         return 0
     if args.task not in TASKS[args.family]:
