@@ -17,11 +17,11 @@ results), and every score is on the test split. Results go to ``--out`` (default
 benchmarks/results): ``fewlabels-FAMILY-TASK.json`` and ``.png``.
 
 ``--budget`` answers the budget question instead: at each label count and seed, both arms as
-validation-loss curves over the positions they trained on (every update's padded batch), the
-pretrained arm's starting where its pretraining's positions end, and the random arm trained for
-as many positions as the pretraining and the fine-tuning together, at each arm's rate from the
-committed ``fewlabels-FAMILY-TASK.json``; the total at which the pretrained arm's curve goes
-below the other's, if it does (:func:`benchmarks.crossing.crossing`). Results:
+validation-loss curves over the positions they trained on (updates x each batch's token
+budget), the pretrained arm's starting where its pretraining's positions end, and the random arm
+trained for as many positions as the pretraining and the fine-tuning together, at each arm's
+rate from the committed ``fewlabels-FAMILY-TASK.json``; the total at which the pretrained arm's
+best so far goes below the other's, if it does (:func:`benchmarks.crossing.crossing`). Results:
 ``budget-FAMILY-TASK.json`` and ``.png``.
 """
 
@@ -41,7 +41,7 @@ from attnkit.chapter.transfer import classifier_scores, task_scores
 from attnkit.config import RunConfig, apply_overrides, run_preset
 from attnkit.data.prepare import load_data
 from attnkit.data.tokenizer import load_tokenizer
-from attnkit.training.checkpoint import run_model
+from attnkit.training.checkpoint import checkpoint_step, latest_checkpoint, run_model
 from attnkit.training.evaluate import evaluate
 from attnkit.training.run import make_objective, read_run_config, train
 from benchmarks.common import machine
@@ -161,33 +161,46 @@ def run(family: str, task: str, pre_dir: Path, counts: list[int | None], seeds: 
             "tuning": tuning, "arms": arms}  # fmt: skip
 
 
+def best_so_far(points: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
+    """Each point's loss replaced by the lowest up to it: what the arm would give, stopped at
+    its best validation, by that many positions (a long arm's overfitting does not count)."""
+    lowest = float("inf")
+    return [(p, u, lowest := min(lowest, loss)) for p, u, loss in points]
+
+
 def budget(family: str, task: str, pre_dir: Path, count: int | None, seed: int, rates: dict[str, float],
-           steps: int, points: int = 20) -> dict[str, Any]:  # fmt: skip
+           steps: int) -> dict[str, Any]:  # fmt: skip
     """The budget question at one label count and seed: each arm's validation loss (the whole
-    split, every ``1/points`` of its updates) over the positions trained on, the pretrained
-    arm's after its pretraining's, the random arm's for as many positions as both of the
-    pretrained arm's runs together; and the total at which the pretrained curve goes below."""
+    split) over the positions trained on (updates x the batch's token budget: padded positions,
+    an upper bound), the pretrained arm's after its pretraining's, the random arm's for as many
+    as both of the pretrained arm's runs together, at the rate tuned for ``steps`` updates; and
+    the total at which the pretrained arm's best so far goes below the random arm's
+    (:func:`best_so_far`, :func:`benchmarks.crossing.crossing`). The pretrained arm is scored
+    a tenth of its updates apart, the random arm a fortieth."""
     pre, _ = read_run_config(pre_dir)
-    spent = pre.train.max_steps * pre.train.batch_tokens  # the pretraining's padded positions
+    done_steps = checkpoint_step(latest_checkpoint(pre_dir))  # what train.init loads, however the run ended
+    spent = done_steps * pre.train.batch_tokens * pre.train.batches_per_step
+    per_update = T5_BATCH if task in T5_TASKS else BATCH  # arm()'s batch_tokens
     curves: dict[str, list[tuple[int, int, float]]] = {}
     with TemporaryDirectory() as tmp:
-        per_update = T5_BATCH if task in T5_TASKS else BATCH
-        for name in ARMS:
-            updates = steps if name == ARMS[0] else steps + math.ceil(spent / per_update)
+        for name, (updates, points) in zip(ARMS, ((steps, 10), (steps + math.ceil(spent / per_update), 40)),
+                                           strict=True):  # fmt: skip
             every = str(max(updates // points, 1))
             run = apply_overrides(arm(family, task, pre_dir, name == ARMS[0], count, seed, rates[name], updates), {
                 "train.eval_every": every, "train.log_every": every, "train.eval_batches": "1000000"})  # fmt: skip
             done, final = train(run, Path(tmp) / name, progress_bar=False)
             points_at = {u: loss for u, _, loss in curve(Path(tmp) / name)["valid"]} | {done.step: final["loss"]}
             curves[name] = [(u * per_update, u, loss) for u, loss in sorted(points_at.items())]
-    return {"count": count, "seed": seed, "pretraining_positions": spent, "curves": curves,
-            "best": {name: min(loss for _, _, loss in c) for name, c in curves.items()},
-            "crossing_positions": crossing(curves[ARMS[0]], curves[ARMS[1]], offset=spent)}  # fmt: skip
+    best = {name: best_so_far(c) for name, c in curves.items()}
+    return {"count": count, "seed": seed, "pretraining_updates": done_steps, "pretraining_positions": spent,
+            "curves": curves, "best": {name: c[-1][2] for name, c in best.items()},
+            "crossing_positions": crossing(best[ARMS[0]], best[ARMS[1]], offset=spent)}  # fmt: skip
 
 
 def draw_budget(result: dict[str, Any], path: Path) -> None:
     """Each (count, seed)'s validation loss over total positions, the pretrained arm after its
-    pretraining; a dotted line where it goes below."""
+    pretraining, and each arm's best so far (dashed); a dotted line where the pretrained arm's
+    goes below."""
     from attnkit.chapter.report import pyplot
 
     plt = pyplot()
@@ -196,11 +209,13 @@ def draw_budget(result: dict[str, Any], path: Path) -> None:
     for ax, one in zip(axes[0], runs, strict=True):
         for name, points in one["curves"].items():
             offset = one["pretraining_positions"] if name == ARMS[0] else 0
-            ax.plot([(offset + p) / 1e6 for p, _, _ in points], [loss for _, _, loss in points], marker=".",
-                    label=name)  # fmt: skip
+            xs = [(offset + p) / 1e6 for p, _, _ in points]
+            (line,) = ax.plot(xs, [loss for _, _, loss in points], marker=".", label=name)
+            ax.plot(xs, [loss for _, _, loss in best_so_far(points)], linestyle="--", color=line.get_color(),
+                    label=f"{name}, best so far")  # fmt: skip
         if one["crossing_positions"] is not None:
             ax.axvline(one["crossing_positions"] / 1e6, linestyle=":", color="grey")
-        ax.set_xlabel("positions trained on, pretraining included (millions)")
+        ax.set_xlabel("updates x batch tokens, pretraining included (millions)")
         ax.set_ylabel("validation loss")
         ax.set_title(f"{result['family'].upper()} {result['task']}, {one['count'] or 'all'} examples, seed "
                      f"{one['seed']}\n({result['machine']['cpu_class']})", fontsize=8)  # fmt: skip

@@ -279,7 +279,13 @@ def test_pretraining_resumes_and_few_labels_fine_tune_both_arms_on_it(tmp_path: 
     assert budget["rates"] == result["rates"] and one["pretraining_positions"] == spent
     tuned, alone = (one["curves"][arm] for arm in ARMS)
     assert tuned[-1][:2] == [4 * 2048, 4] and alone[-1][:2] == [alone_updates * 2048, alone_updates]
+    assert tuned[0][:2] == [0, 0]  # where fine-tuning starts: the pretraining's weights, scored
     assert one["best"] == {arm: min(loss for _, _, loss in one["curves"][arm]) for arm in ARMS}
+    from benchmarks.crossing import crossing
+    from benchmarks.fewlabels import best_so_far
+
+    assert one["crossing_positions"] == crossing(best_so_far(tuned), best_so_far(alone), offset=spent)
+    assert [loss for _, _, loss in best_so_far([(0, 0, 3.0), (1, 1, 2.0), (2, 2, 2.5), (3, 3, 1.0)])] == [3, 2, 2, 1]
     assert (tmp_path / "budget-bert-testament-small.png").read_bytes()[:4] == b"\x89PNG"
     untuned = subprocess.run([*few[:-1], str(tmp_path / "none"), "--budget"], capture_output=True, text=True,
                              timeout=600, cwd=ROOT)  # fmt: skip

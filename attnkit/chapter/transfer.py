@@ -65,8 +65,9 @@ def _compare(
 ) -> dict[str, dict[str, Any]]:
     """Pretrain ``pre`` into ``pre_dir``, then train every arm beside it and ``score`` it; a
     pretrained arm's seconds include the pretraining's, and its pretraining's steps are kept beside
-    its own (``steps``), and so are the target tokens each trained on, so that the totals the arms
-    trained can be checked."""
+    its own (``steps``), and so are the targets each trained on (the trainer's count: masked
+    positions for the masked LM, one a verse for the classifier, target tokens for T5), so that
+    the totals the arms trained can be checked."""
     before, pre_final = train(pre, pre_dir, force=True, progress_bar=False)
     task_data = None
     results = {}

@@ -124,19 +124,21 @@ def pretrained(run: RunConfig) -> Model | None:
     if getattr(model, "tokenizer", None) is None:
         raise ValueError(f"train.init={init!r} has no tokenizer to fine-tune with; use a directory with one")
     if run.data.tokenizer is not None:
-        given = load_tokenizer(run.data.tokenizer)
-        size, fix = given.get_vocab_size(), "give the pretraining's own tokenizer, or none (fine-tuning reads it)"
-        if size != model.config.vocab_size:
+        # The init's own tokenizer, not its embedding rows, decides (those may be padded, as t5-small's 32,128
+        # rows for 32,100 tokens): another vocabulary, or the same size of other tokens, would give every
+        # embedding row another meaning.
+        given, own = load_tokenizer(run.data.tokenizer).get_vocab(), model.tokenizer.get_vocab()
+        fix = "give the pretraining's own tokenizer, or none (fine-tuning reads it)"
+        if len(given) != len(own):
             raise ValueError(
-                f"data.tokenizer={run.data.tokenizer} has {size:,} tokens and train.init={init!r}'s model "
-                f"{model.config.vocab_size:,}; {fix}"
+                f"data.tokenizer={run.data.tokenizer} has {len(given):,} tokens and train.init={init!r}'s "
+                f"tokenizer {len(own):,}; {fix}"
             )
-        own = model.tokenizer.get_vocab()
-        moved = sorted(token for token, i in given.get_vocab().items() if own.get(token) != i)
-        if moved:  # as many tokens, other ones: every embedding row would mean another token
+        moved = sorted(token for token, i in given.items() if own.get(token) != i)
+        if moved:
             raise ValueError(
                 f"data.tokenizer={run.data.tokenizer} is not train.init={init!r}'s tokenizer: {len(moved):,} of its "
-                f"{size:,} tokens are at other ids or not there (e.g. {moved[0]!r}); {fix}"
+                f"{len(given):,} tokens are at other ids or not there (e.g. {moved[0]!r}); {fix}"
             )
     return model
 

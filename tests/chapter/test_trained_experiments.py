@@ -192,9 +192,9 @@ def test_pretraining_then_fine_tuning_is_compared_at_equal_total(sections: dict[
                          (t5["span-corruption pretrained, then the tasks"], t5["the tasks alone"])):  # fmt: skip
         assert (tuned["pretraining_steps"], tuned["steps"]) == (first, total - first)
         assert (alone["pretraining_steps"], alone["steps"]) == (0, total)
-        # Target tokens, counted by the trainer: pretraining's beside the pretrained arm's, none for the other
-        assert tuned["pretraining_tokens"] > 0 and alone["pretraining_tokens"] == 0
-        assert tuned["tokens"] > 0 and alone["tokens"] > 0
+        # Targets, counted by the trainer: at least one an update; pretraining's beside the pretrained arm's
+        assert tuned["pretraining_tokens"] >= first and alone["pretraining_tokens"] == 0
+        assert tuned["tokens"] >= total - first and alone["tokens"] >= total
     assert {"masked-LM pretrained, then fine-tuned", "random initialisation"} <= set(bert)
     assert set(t5) == {"span-corruption pretrained, then the tasks", "the tasks alone"}
     for arms in (bert, t5):
