@@ -169,8 +169,18 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         raise ValueError("pass --preset or --config, not both")
     if not (args.config or args.preset):
         raise ValueError("pass --preset NAME (see --help for the list) or --config FILE")
+    from attnkit.training.run import ignored_by_fine_tuning
+
     config = load_run_config(args.config) if args.config else run_preset(args.preset)
-    return apply_overrides(config, overrides(args.overrides))
+    given = overrides(args.overrides)
+    config = apply_overrides(config, given)
+    if config.train.init is not None and (ignored := ignored_by_fine_tuning(config, given)):
+        raise ValueError(
+            f"--{ignored[0]}={given[ignored[0]]} with train.init={config.train.init}: fine-tuning takes the pretrained "
+            f"model's {ignored[0].removeprefix('model.')}, not this; drop --{ignored[0]}, or train from scratch "
+            "without train.init"
+        )
+    return config
 
 
 @contextlib.contextmanager

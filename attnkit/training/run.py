@@ -16,7 +16,7 @@ import shutil
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -261,10 +261,23 @@ def make_objective(run: RunConfig, specials: Specials | None) -> Objective:
     return SpanCorruption(specials)
 
 
+# The model keys a fine-tuning run (train.init) takes from its own config: adapters, and a
+# classifier's head; every other one is the pretrained model's (:func:`model_config_for`).
+TUNING_KEYS = ("lora_rank", "lora_alpha", "lora_targets")
+CLASSIFIER_KEYS = ("dropout", "classifier_pooling")
+
+
+def ignored_by_fine_tuning(run: RunConfig, keys: Iterable[str]) -> list[str]:
+    """The ``model.*`` keys among ``keys`` (overrides) that a fine-tuning run would not use:
+    the pretrained model's shape replaces them."""
+    kept = {*TUNING_KEYS, *(CLASSIFIER_KEYS if run.objective == "classify" else ())}
+    return [k for k in keys if k.startswith("model.") and k.removeprefix("model.") not in kept]
+
+
 def model_config_for(run: RunConfig, data: Data, base: ModelConfig | None = None) -> RunConfig:
     """The run with the model's vocabulary and special ids taken from the tokenizer; a
     fine-tuning run's model is ``base`` (the pretrained one's) with the task's head added."""
-    lora = dict(lora_rank=run.model.lora_rank, lora_alpha=run.model.lora_alpha, lora_targets=run.model.lora_targets)
+    lora = {key: getattr(run.model, key) for key in TUNING_KEYS}
     if run.objective == "classify":
         head = dict(labels=data.labels, lm_head=False, classifier_pooling=run.model.classifier_pooling)
         if base is not None:  # the pretrained model with the task's head, and adapters if asked

@@ -166,10 +166,15 @@ def test_cli_train_prints_config_and_trains(tmp_path: Path, corpus: Path, capsys
         ("--model.n_decoder_layers=2", "a gpt model does not use model.n_decoder_layers (got 2"),
         ("--model.rope_theta=5e5", "model.rope_theta (500000.0) is used by rotary positions only"),
         ("--train.objective=span_corruption", "the span_corruption objective trains t5 models, not gpt"),
+        (
+            "--train.init=runs/pre --model.d_model=64",
+            "--model.d_model=64 with train.init=runs/pre: fine-tuning "
+            "takes the pretrained model's d_model, not this; drop --model.d_model",
+        ),
     ],
 )
 def test_cli_train_bad_options(tmp_path: Path, corpus: Path, capsys: pytest.CaptureFixture, option: str, message: str):
-    args = ["train", "--preset", "gpt-tiny", f"--data.path={corpus}", "--out", str(tmp_path / "r"), option]
+    args = ["train", "--preset", "gpt-tiny", f"--data.path={corpus}", "--out", str(tmp_path / "r"), *option.split()]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
