@@ -24,7 +24,14 @@ from attnkit.data import corpora, store
 from attnkit.data.batching import TokenBatches, few_examples, valid_mask
 from attnkit.data.files import Kind, as_paths, iter_examples, open_text, read_labeled, read_lines, read_pairs
 from attnkit.data.specials import ModelSpecials, Specials
-from attnkit.data.tokenizer import encode_batch, has_specials, load_tokenizer, specials_of, train_tokenizer
+from attnkit.data.tokenizer import (
+    encode_batch,
+    has_specials,
+    load_tokenizer,
+    read_as_pretrained,
+    specials_of,
+    train_tokenizer,
+)
 from attnkit.progress import ProgressReport
 
 
@@ -294,6 +301,8 @@ def recipe_of(run: RunConfig) -> store.Recipe:
         settings = {k: v for k, v in data.__dict__.items() if k not in ignored} | {"seed": run.train.seed}
         settings = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
     vocab = {"vocab_size": data.vocab_size, "tokenizer_weights": list(data.tokenizer_weights), "seed": run.train.seed}
+    if run.objective == "classify":  # the classifier's family decides the specials around a text
+        vocab["read_as"] = run.model.family
     return store.Recipe(kind_of(run), tuple(inputs), settings, vocab)
 
 
@@ -309,11 +318,15 @@ def prepare(run: RunConfig, tokenizer: Tokenizer | None = None, progress: bool =
     if tokenizer is None and run.data.tokenizer:
         tokenizer = load_tokenizer(run.data.tokenizer)
     vocab_size = run.data.vocab_size
+
+    def reads(tokenizer: Tokenizer) -> Tokenizer:  # a classifier reads a text as its pretraining did
+        return read_as_pretrained(tokenizer, run.model.family) if run.objective == "classify" else tokenizer
+
     return store.open_or_build(
         recipe_of(run),
         lambda: source_of(run, progress),
-        tokenizer,
-        lambda texts: train_tokenizer(texts, vocab_size),
+        None if tokenizer is None else reads(tokenizer),
+        lambda texts: reads(train_tokenizer(texts, vocab_size)),
         progress_bar if progress else None,
     )
 

@@ -86,6 +86,43 @@ def has_specials(tokenizer: Tokenizer | None) -> bool:
     return tokenizer is not None and tokenizer.token_to_id(SPECIAL_TOKENS[0]) is not None
 
 
+def with_template(tokenizer: Tokenizer, start: list[int], end: list[int], bert: bool = False) -> Tokenizer:
+    """``tokenizer``, or a copy that puts the ids ``start`` before and ``end`` after each text it
+    encodes (those it does not already put there), after any post-processor it has (GPT-2's
+    ByteLevel one trims offsets: it goes first). A pair of texts is joined as ``transformers``'
+    tokenizers join one: ``start A end start B end``, BERT's (``bert``) ``start A end B end``."""
+    from tokenizers import processors
+
+    probe = tokenizer.encode("a").ids
+    start = [] if probe[: len(start)] == start else start
+    end = [] if end and probe[-len(end) :] == end else end
+    if not start and not end:
+        return tokenizer
+    names = {i: tokenizer.id_to_token(i) for i in (*start, *end)}
+    single = [*(names[i] for i in start), "$A", *(names[i] for i in end)]
+    again = [] if bert else [f"{names[i]}:1" for i in start]
+    pair = [*single, *again, "$B:1", *(f"{names[i]}:1" for i in end)]
+    specials = [(token, i) for i, token in names.items()]
+    template = processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+    kept = tokenizer.post_processor
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.post_processor = template if kept is None else processors.Sequence([kept, template])
+    return copy
+
+
+def read_as_pretrained(tokenizer: Tokenizer, family: str) -> Tokenizer:
+    """attnkit's own ``tokenizer`` made to put around a text, as it encodes it, the specials its
+    family's pretraining objective puts there: ``<s>`` before a GPT's (the causal LM reads
+    ``[bos] x``), ``<s> x </s>`` for a BERT's (the masked LM's ``[CLS] x [SEP]``); so that a
+    classifier fine-tuned with it reads a text as its pretraining did, in attnkit and in
+    ``transformers`` alike (GPT-1's start token). Any other tokenizer (its own post-processor
+    decides) or family: unchanged."""
+    if not has_specials(tokenizer) or family not in ("gpt", "bert"):
+        return tokenizer
+    bos, eos = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
+    return with_template(tokenizer, [bos], [eos] if family == "bert" else [], bert=family == "bert")
+
+
 def specials_of(tokenizer: Tokenizer) -> Specials:
     """The ids of attnkit's special tokens in ``tokenizer``'s vocabulary."""
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}

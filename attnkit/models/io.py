@@ -357,26 +357,14 @@ def with_specials(tokenizer: Tokenizer, cfg: ModelConfig) -> Tokenizer:
     ``</s>`` after an encoder–decoder's source (``source_ids``); so that ``transformers``, which
     adds only what ``tokenizer.json`` says, reads a text as attnkit does. A pair of texts is
     joined as ``transformers``' tokenizers join one (BERT's ``[CLS] A [SEP] B [SEP]``)."""
-    from tokenizers import processors
-
     from attnkit.data.specials import BOS
+    from attnkit.data.tokenizer import with_template
 
     bos, eos = cfg.bos_token_id, cfg.eos_token_id
-    probe = tokenizer.encode("a").ids
     own = bos is not None and tokenizer.token_to_id(BOS) == bos  # attnkit's tokenizer: its objectives add <s>
-    start = [(tokenizer.id_to_token(bos), bos)] if own and not cfg.is_encoder_decoder and probe[:1] != [bos] else []
-    ends = eos is not None and probe[-1:] != [eos] and (cfg.is_encoder_decoder or (own and cfg.family == "bert"))
-    end = [(tokenizer.id_to_token(eos), eos)] if ends else []
-    if not start and not end:
-        return tokenizer
-    single = [*(t for t, _ in start), "$A", *(t for t, _ in end)]
-    again = [] if cfg.family == "bert" else [f"{t}:1" for t, _ in start]
-    pair = [*single, *again, "$B:1", *(f"{t}:1" for t, _ in end)]
-    template = processors.TemplateProcessing(single=single, pair=pair, special_tokens=list(dict(start + end).items()))
-    kept = tokenizer.post_processor  # GPT-2's ByteLevel one trims offsets: it goes first
-    copy = Tokenizer.from_str(tokenizer.to_str())
-    copy.post_processor = template if kept is None else processors.Sequence([kept, template])
-    return copy
+    start = [bos] if own and not cfg.is_encoder_decoder else []
+    ends = eos is not None and (cfg.is_encoder_decoder or (own and cfg.family == "bert"))
+    return with_template(tokenizer, start, [eos] if ends else [], bert=cfg.family == "bert")
 
 
 def _json_bytes(data: dict[str, Any]) -> bytes:

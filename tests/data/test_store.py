@@ -37,7 +37,7 @@ from attnkit.data.prepare import (
     train_batches,
     weigh_tasks,
 )
-from attnkit.data.tokenizer import train_tokenizer
+from attnkit.data.tokenizer import read_as_pretrained, train_tokenizer
 
 WORDS = "the cat sat on a mat while dogs ran far away from home and back again".split()  # noqa: SIM905
 
@@ -86,7 +86,13 @@ def in_memory(run: Any) -> tuple[str, list[list[Any]]]:
     texts = read_texts(run)
     if run.objective == "classify":
         labels = labels_of(texts)
-        tokenizer = train_tokenizer([t for t, _ in texts.train], run.data.vocab_size)
+        trained = train_tokenizer([t for t, _ in texts.train], run.data.vocab_size)
+        tokenizer = read_as_pretrained(trained, run.model.family)  # a BERT classifier reads <s> x </s>
+        assert tokenizer.encode("x").ids == [
+            trained.token_to_id("<s>"),
+            *trained.encode("x").ids,
+            trained.token_to_id("</s>"),
+        ]
         parts = [encode_labeled(tokenizer, p, labels, run.data.max_tokens) for p in (texts.train, texts.valid)]
         return tokenizer.to_str(), parts
     tokenizer = train_tokenizer(tokenizer_texts(run, texts.train), run.data.vocab_size)

@@ -142,3 +142,40 @@ def test_lora_fine_tuning_trains_the_new_classifier_head_whole(pretrained_gpt: P
     for name, tensor in tuned.named_parameters():  # the weights no adapter targets stay the pretrained ones
         if name in base and not any(t in name for t in ("w_q", "w_v")):
             assert_close(tensor, base[name], atol=0, rtol=0, msg=name)
+
+
+def test_a_classifier_reads_a_text_as_its_pretraining_did_in_attnkit_and_in_transformers(
+    pretrained_gpt: Path, tmp_path: Path
+) -> None:
+    """GPT's causal LM reads ``<s> x``, BERT's masked LM ``<s> x </s>``: a classifier with
+    attnkit's own tokenizer is trained on, and reads, the same rows (GPT-1's start token), and
+    its ``transformers`` export reads them from the raw text too, to equal logits."""
+    import transformers
+
+    from attnkit.data.tokenizer import encode_batch, specials_of
+    from attnkit.objectives import CausalLM
+
+    labelled = counting(tmp_path / "labelled.txt", 200, seed=7, label=True)
+    changes = {"train.objective": "classify", "model.lm_head": "false", "model.classifier_pooling": "last"}
+    train(run_of("gpt-tiny", labelled, 2, **changes, **{"train.init": str(pretrained_gpt)}), tmp_path / "gpt",
+          progress_bar=False)  # fmt: skip
+    train(run_of("bert-tiny", labelled, 2, **{**changes, "model.classifier_pooling": "mean"}), tmp_path / "bert",
+          progress_bar=False)  # fmt: skip
+    texts = ["one two three four", "nine ten eleven"]
+    gpt, bert = attnkit.from_pretrained(tmp_path / "gpt"), attnkit.from_pretrained(tmp_path / "bert")
+    pretraining = CausalLM(specials_of(gpt.tokenizer)).batch(encode_batch(gpt.tokenizer, texts))
+    rows = gpt.text_ids(texts)
+    assert [row[0] for row in rows] == [specials_of(gpt.tokenizer).bos] * 2
+    for row, inputs, mask in zip(rows, pretraining["input_ids"], pretraining["attention_mask"], strict=True):
+        assert row == inputs[mask.bool()].tolist()  # the pretraining's own input row
+    s = specials_of(bert.tokenizer)
+    assert bert.text_ids(texts) == [[s.bos, *ids, s.eos] for ids in encode_batch(bert.tokenizer, texts)]
+    # Exported, transformers' tokenizer adds the same <s> (no second one) and the model gives the same logits
+    attnkit.export_hf(gpt, tmp_path / "hf")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    assert [tokenizer(t)["input_ids"] for t in texts] == rows
+    with torch.no_grad():
+        for text, row in zip(texts, rows, strict=True):
+            expected = gpt.eval()(torch.tensor([row])).logits
+            assert_close(reference(**tokenizer(text, return_tensors="pt")).logits, expected, atol=1e-5, rtol=0)
