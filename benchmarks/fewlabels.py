@@ -12,8 +12,9 @@ pretraining never read (held-out perplexity), T5 its text-to-text tasks (greedy 
 
 Both arms share the pretraining's tokenizer, architecture, schedule and updates per label count
 (:data:`STEPS`, :data:`T5_STEPS`; counted, so that the machine's load changes seconds, not results); each arm's
-learning rate is its best of :data:`RATES` on validation at 1,000 labels, seed 0 (said in the
-results), and every score is on the test split. Results go to ``--out`` (default
+learning rate is its best of :data:`RATES` on validation at each label count, the first seed (said
+in the results), and every score is on the test split. Each count is its own experiment, so a run
+of some counts adds them to (or replaces them in) the result already in ``--out`` (default
 benchmarks/results): ``fewlabels-FAMILY-TASK.json`` and ``.png``.
 
 ``--budget`` answers the budget question instead: at each label count and seed, both arms as
@@ -33,6 +34,8 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -75,12 +78,14 @@ T5_BATCH = 1024
 # Each arm's learning rate is chosen from these, on validation: AdamW's (BERT, GPT), and
 # Adafactor's relative steps around the rate T5's recipe study found (3e-2).
 RATES = {"bert": (1e-4, 3e-4, 1e-3), "gpt": (1e-4, 3e-4, 1e-3), "t5": (1e-2, 3e-2)}
-TUNE_COUNT = 1000
 # The architecture both arms take from the pretraining run (the rest is the same preset's).
 SHAPE = ("d_model", "n_heads", "d_ff", "n_layers", "max_len")
 # What each family's classifier reads: BERT the mean of its tokens (as MiniLM's preset), GPT its
 # last token, the one that has seen the whole verse under the causal mask (GPT-1's transfer).
 POOLING = {"bert": "mean", "gpt": "last"}
+# What a classifier reads of a verse x: what its pretraining read (attnkit.data.tokenizer.read_as_pretrained;
+# results measured before that, BERT books' first, read "x").
+READS = {"bert": "<s> x </s>", "gpt": "<s> x"}
 
 
 def arm(family: str, task: str, pre_dir: Path, pretrained: bool, count: int | None, seed: int, lr: float,
@@ -118,47 +123,103 @@ def lm_scores(run_dir: Path, run: RunConfig, split: str) -> dict[str, Any]:
     return {"perplexity": scores["perplexity"], "loss": scores["loss"], "tokens": scores["tokens"]}
 
 
-def fine_tune(run: RunConfig, split: str, scored: int) -> dict[str, Any]:
-    """Train ``run`` in a directory of its own, then its scores on ``split`` (the first
-    ``scored`` verses of it where they are decoded)."""
+def scores(run_dir: Path, run: RunConfig, split: str, scored: int) -> dict[str, Any]:
+    """A trained run's scores on ``split``: accuracy (a classifier), greedy BLEU on the first
+    ``scored`` verses (text to text) or perplexity (a language model)."""
+    if run.objective == "classify":
+        got = classifier_scores(run_dir, run, split)
+        return {"accuracy": got["accuracy"], "macro_f1": got["macro_f1"], "examples": got["verses"]}
+    if run.objective == "translation":
+        return next(iter(task_scores(run_dir, run, scored, split).values()))
+    return lm_scores(run_dir, run, split)
+
+
+def fine_tune(run: RunConfig, splits: tuple[str, ...], scored: int) -> dict[str, dict[str, Any]]:
+    """Train ``run`` in a directory of its own; split -> its scores on each of ``splits``."""
     with TemporaryDirectory() as tmp:
         done, final = train(run, Path(tmp) / "run", progress_bar=False)
-        if run.objective == "classify":
-            scores = classifier_scores(Path(tmp) / "run", run, split)
-            scores = {"accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"], "examples": scores["verses"]}
-        elif run.objective == "translation":
-            scores = next(iter(task_scores(Path(tmp) / "run", run, scored, split).values()))
-        else:
-            scores = lm_scores(Path(tmp) / "run", run, split)
-    return {**scores, "updates": done.step, "seconds": done.seconds, "valid_loss": final["loss"]}
+        trained = {"updates": done.step, "seconds": done.seconds, "valid_loss": final["loss"]}
+        return {split: {**scores(Path(tmp) / "run", run, split, scored), **trained} for split in splits}
+
+
+def at_count(family: str, task: str, pre_dir: Path, count: int | None, seeds: list[int], steps: int,
+             scored: int = SCORED[False]) -> dict[str, Any]:  # fmt: skip
+    """One label count: each arm's rate, its best of :data:`RATES` on validation at ``seeds[0]``
+    (the chosen run's test scores are that seed's result), then the other seeds at that rate,
+    scored on test."""
+    metric, higher = METRIC[task]
+    best = max if higher else min
+    out: dict[str, Any] = {"steps": steps, "rates": {}, "tuning": {}, "arms": {}}
+    for name in ARMS:
+        this = partial(arm, family, task, pre_dir, name == ARMS[0], count)  # (seed, lr, steps) -> its RunConfig
+        grid = {str(lr): fine_tune(this(seeds[0], lr, steps), ("valid", "test"), scored) for lr in RATES[family]}
+        chosen = best(grid, key=lambda lr: grid[lr]["valid"][metric])
+        out["tuning"][name] = {lr: runs["valid"] for lr, runs in grid.items()}
+        out["rates"][name] = rate = float(chosen)
+        others = [fine_tune(this(seed, rate, steps), ("test",), scored)["test"] for seed in seeds[1:]]
+        out["arms"][name] = [grid[chosen]["test"], *others]
+    return out
+
+
+def label(count: int | None) -> str:
+    """A label count as results name it: ``"100"``, ``"all"``."""
+    return str(count or "all")
 
 
 def run(family: str, task: str, pre_dir: Path, counts: list[int | None], seeds: list[int],
         steps: dict[int | None, int], scored: int = SCORED[False]) -> dict[str, Any]:  # fmt: skip
-    """Each arm's rate chosen on validation, then every (count, seed) of each arm on test."""
-    tune_steps = steps.get(TUNE_COUNT, max(steps.values()))
-    tuning = {
-        name: {str(lr): fine_tune(arm(family, task, pre_dir, name == ARMS[0], TUNE_COUNT, 0, lr, tune_steps), "valid",
-                                  scored)
-               for lr in RATES[family]}
-        for name in ARMS
-    }  # fmt: skip
-    metric, higher = METRIC[task]
-    best = max if higher else min
-    rates = {name: float(best(grid, key=lambda lr: grid[lr][metric])) for name, grid in tuning.items()}
-    arms: dict[str, dict[str, list[dict[str, Any]]]] = {name: {} for name in ARMS}
+    """Every label count (:func:`at_count`), as one result: per count its updates, each arm's
+    rate, the count its rate was chosen at (its own), the tuning grid, and each arm's test
+    scores over the seeds."""
+    result: dict[str, Any] = {**header(family, task, pre_dir, seeds), "steps": {}, "rates": {}, "tuned_at": {},
+                              "tuning": {}, "arms": {name: {} for name in ARMS}}  # fmt: skip
     for count in counts:
+        one = at_count(family, task, pre_dir, count, seeds, steps[count], scored)
+        key = label(count)
+        for field in ("steps", "rates", "tuning"):
+            result[field][key] = one[field]
+        result["tuned_at"][key] = key
         for name in ARMS:
-            arms[name][str(count or "all")] = [
-                fine_tune(
-                    arm(family, task, pre_dir, name == ARMS[0], count, seed, rates[name], steps[count]), "test", scored
-                )
-                for seed in seeds
-            ]
+            result["arms"][name][key] = one["arms"][name]
+    return result
+
+
+def header(family: str, task: str, pre_dir: Path, seeds: list[int]) -> dict[str, Any]:
+    """What must agree for two results to be one table: the same experiment on the same class
+    of CPU (:func:`same`)."""
     pre, _ = read_run_config(pre_dir)
     return {"family": family, "task": task, "pretraining": str(pre_dir), "pretraining_steps": pre.train.max_steps,
-            "steps": {str(c or "all"): steps[c] for c in counts}, "seeds": seeds, "rates": rates,
-            "tuning": tuning, "arms": arms}  # fmt: skip
+            "seeds": seeds, "reads": READS[family] if task in _CLASSIFICATION else None,
+            "machine": machine()}  # fmt: skip
+
+
+SAME = ("family", "task", "pretraining", "pretraining_steps", "seeds", "reads")
+
+
+def same(old: dict[str, Any], new: dict[str, Any], path: Path) -> None:
+    """Refuse, naming the field and the fix, where ``old`` (from ``path``) and ``new`` are not
+    the same experiment on the same CPU class (:func:`header`)."""
+    for field in SAME:
+        if old.get(field) != new[field]:
+            raise ValueError(f"{path} holds {field} {old.get(field)!r}, this run {new[field]!r}: not one table; "
+                             f"give --out another directory or move {path.name} away")  # fmt: skip
+    if old["machine"]["cpu_class"] != new["machine"]["cpu_class"]:
+        raise ValueError(f"{path} was measured on {old['machine']['cpu_class']}, this machine is "
+                         f"{new['machine']['cpu_class']}; give --out another directory")  # fmt: skip
+
+
+def merge(old: dict[str, Any], new: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``new``'s label counts added to (or replacing) ``old``'s: each count is tuned and measured
+    on its own, so a count can be run alone (:func:`same` first)."""
+    same(old, new, path)
+    order = ["all" if c is None else str(c) for c in sorted(_counts(",".join(set(old["steps"]) | set(new["steps"]))),
+                                                            key=lambda c: math.inf if c is None else c)]  # fmt: skip
+    merged = {**old, **{field: new[field] for field in SAME}}
+    for field in ("steps", "rates", "tuned_at", "tuning", "measured"):
+        both = old.get(field, {}) | new[field]
+        merged[field] = {c: both[c] for c in order if c in both}
+    merged["arms"] = {name: {c: (old["arms"][name] | new["arms"][name])[c] for c in order} for name in ARMS}
+    return merged
 
 
 def best_so_far(points: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
@@ -197,32 +258,36 @@ def budget(family: str, task: str, pre_dir: Path, count: int | None, seed: int, 
             "crossing_positions": crossing(best[ARMS[0]], best[ARMS[1]], offset=spent)}  # fmt: skip
 
 
-def draw_budget(result: dict[str, Any], path: Path) -> None:
-    """Each (count, seed)'s validation loss over total positions, the pretrained arm after its
-    pretraining, and each arm's best so far (dashed); a dotted line where the pretrained arm's
-    goes below."""
+def panels(items: list[Any], draw_one: Callable[[Any, Any], None], path: Path, height: float = 3.8) -> None:
+    """One panel per item, side by side, each drawn by ``draw_one(ax, item)``, saved to ``path``."""
     from attnkit.chapter.report import pyplot
 
     plt = pyplot()
-    runs = result["runs"]
-    fig, axes = plt.subplots(1, len(runs), figsize=(4.5 * len(runs), 3.6), squeeze=False)
-    for ax, one in zip(axes[0], runs, strict=True):
-        for name, points in one["curves"].items():
-            offset = one["pretraining_positions"] if name == ARMS[0] else 0
-            xs = [(offset + p) / 1e6 for p, _, _ in points]
-            (line,) = ax.plot(xs, [loss for _, _, loss in points], marker=".", label=name)
-            ax.plot(xs, [loss for _, _, loss in best_so_far(points)], linestyle="--", color=line.get_color(),
-                    label=f"{name}, best so far")  # fmt: skip
-        if one["crossing_positions"] is not None:
-            ax.axvline(one["crossing_positions"] / 1e6, linestyle=":", color="grey")
-        ax.set_xlabel("updates x batch tokens, pretraining included (millions)")
-        ax.set_ylabel("validation loss")
-        ax.set_title(f"{result['family'].upper()} {result['task']}, {one['count'] or 'all'} examples, seed "
-                     f"{one['seed']}\n({result['machine']['cpu_class']})", fontsize=8)  # fmt: skip
-        ax.legend(fontsize=7)
+    fig, axes = plt.subplots(1, len(items), figsize=(4.5 * len(items), height), squeeze=False)
+    for ax, item in zip(axes[0], items, strict=True):
+        draw_one(ax, item)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def draw_budget(result: dict[str, Any], ax: Any, one: dict[str, Any]) -> None:
+    """One (count, seed)'s validation loss over total positions, the pretrained arm after its
+    pretraining, and each arm's best so far (dashed); a dotted line where the pretrained arm's
+    goes below."""
+    for name, points in one["curves"].items():
+        offset = one["pretraining_positions"] if name == ARMS[0] else 0
+        xs = [(offset + p) / 1e6 for p, _, _ in points]
+        (line,) = ax.plot(xs, [loss for _, _, loss in points], marker=".", label=name)
+        ax.plot(xs, [loss for _, _, loss in best_so_far(points)], linestyle="--", color=line.get_color(),
+                label=f"{name}, best so far")  # fmt: skip
+    if one["crossing_positions"] is not None:
+        ax.axvline(one["crossing_positions"] / 1e6, linestyle=":", color="grey")
+    ax.set_xlabel("updates x batch tokens, pretraining included (millions)")
+    ax.set_ylabel("validation loss")
+    ax.set_title(f"{result['family'].upper()} {result['task']}, {one['count'] or 'all'} examples, seed "
+                 f"{one['seed']}\n({result['machine']['cpu_class']})", fontsize=8)  # fmt: skip
+    ax.legend(fontsize=7)
 
 
 def summary(result: dict[str, Any]) -> dict[str, dict[str, tuple[float, float]]]:
@@ -252,11 +317,15 @@ def table(result: dict[str, Any]) -> str:
         else:
             ratio = f"{a / b:.2f}×" if b > 0 else "—"
             rows.append(f"| {count} | {a:.1f} ± {sa:.1f} | {b:.1f} ± {sb:.1f} | {ratio} |")
-    rates = ", ".join(f"{name} {lr:g}" for name, lr in result["rates"].items())
+    rates = "; ".join(f"{c} {' / '.join(f'{lr:g}' for lr in by_arm.values())}"
+                      + ("" if result["tuned_at"][c] == c else f" (chosen at {result['tuned_at'][c]})")
+                      for c, by_arm in result["rates"].items())  # fmt: skip
     examples = "labels" if accuracy else "pairs" if metric == "bleu" else "verses"
     return "\n".join([
-        f"{result['family'].upper()}, {TASKS[result['family']][result['task']]} (test {metric} over seeds "
-        f"{result['seeds']}; rates chosen on validation: {rates})", "",
+        f"{result['family'].upper()}, {TASKS[result['family']][result['task']]}"
+        + (f", the classifier reading {result['reads']}" if result.get("reads") else "")
+        + f" (test {metric} over seeds "
+        f"{result['seeds']}; each arm's rate, pretrained / random, chosen on validation at each count: {rates})", "",
         f"| {examples} | pretrained | random initialisation | "
         f"{'points' if accuracy else 'ratio'} |", "|---|---|---|---|", *rows,
     ])  # fmt: skip
@@ -282,26 +351,13 @@ def draw(ax: Any, result: dict[str, Any]) -> None:
     ax.legend(fontsize=7)
 
 
-def plot(results: list[dict[str, Any]], path: Path) -> None:
-    """One panel per result (a family's task), side by side."""
-    from attnkit.chapter.report import pyplot
-
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.8), squeeze=False)
-    for ax, result in zip(axes[0], results, strict=True):
-        draw(ax, result)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-
-
 def figure(results_dir: Path, path: Path) -> list[Path]:
     """The learning curves of every committed result in ``results_dir`` (not the --small
     ones), drawn into ``path``; the files drawn."""
     files = sorted(f for f in results_dir.glob("fewlabels-*.json") if not f.stem.endswith("-small"))
     if not files:
         raise ValueError(f"no fewlabels-*.json in {results_dir}; run python -m benchmarks fewlabels first")
-    plot([json.loads(f.read_text(encoding="utf-8")) for f in files], path)
+    panels([json.loads(f.read_text(encoding="utf-8")) for f in files], draw, path)
     return files
 
 
@@ -339,27 +395,43 @@ def main(argv: list[str]) -> int:
     if not (pre_dir / "run.json").is_file():
         parser.error(f"{pre_dir} is no pretraining run; make one: python -m benchmarks pretrain --family {args.family}")
     counted = T5_STEPS if args.family == "t5" else STEPS
-    steps = {c: 4 if args.small else counted.get(c, counted[TUNE_COUNT]) for c in [*args.counts, TUNE_COUNT]}
+    steps = {c: 4 if args.small else counted.get(c, counted[1000]) for c in args.counts}  # other counts: 1,000's
     small = "-small" if args.small else ""
     tuned = args.out / f"fewlabels-{args.family}-{args.task}{small}.json"
-    if args.budget and not tuned.is_file():
-        parser.error(f"--budget takes each arm's rate from {tuned}; run python -m benchmarks fewlabels --family "
-                     f"{args.family} --task {args.task}{' --small' if args.small else ''} first")  # fmt: skip
+    if args.budget:
+        rates = json.loads(tuned.read_text(encoding="utf-8"))["rates"] if tuned.is_file() else {}
+        if missing := [label(c) for c in args.counts if label(c) not in rates]:
+            parser.error(f"--budget takes each arm's rate from {tuned}, which has none at {', '.join(missing)}; run "
+                         f"python -m benchmarks fewlabels --family {args.family} --task {args.task} --counts "
+                         f"{','.join(missing)}{' --small' if args.small else ''} first")  # fmt: skip
+    path = args.out / f"{'budget' if args.budget else 'fewlabels'}-{args.family}-{args.task}{small}.json"
+    if not args.budget and path.is_file():  # refused now, not after hours of training
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+            same(old, header(args.family, args.task, pre_dir, args.seeds), path)
+        except ValueError as e:
+            parser.error(str(e))
     load_before, started = os.getloadavg()[0], time.perf_counter()
     if args.budget:
-        rates = json.loads(tuned.read_text(encoding="utf-8"))["rates"]
-        result = {"family": args.family, "task": args.task, "pretraining": str(pre_dir), "rates": rates,
-                  "runs": [budget(args.family, args.task, pre_dir, c, seed, rates, steps[c])
+        result = {"family": args.family, "task": args.task, "pretraining": str(pre_dir),
+                  "rates": {label(c): rates[label(c)] for c in args.counts},
+                  "runs": [budget(args.family, args.task, pre_dir, c, seed, rates[label(c)], steps[c])
                            for c in args.counts for seed in args.seeds]}  # fmt: skip
     else:
         result = run(args.family, args.task, pre_dir, args.counts, args.seeds, steps, SCORED[args.small])
-    result |= {"machine": machine(), "load_before": load_before, "load_after": os.getloadavg()[0],
-               "wall_seconds": time.perf_counter() - started}  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = f"{'budget' if args.budget else 'fewlabels'}-{args.family}-{args.task}{small}"
+    measured = {"load_before": load_before, "load_after": os.getloadavg()[0],
+                "wall_seconds": time.perf_counter() - started}  # fmt: skip
     if args.budget:
-        (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-        draw_budget(result, args.out / f"{name}.png")
+        result |= {"machine": machine(), **measured}
+    else:  # each count is its own experiment: added to the ones already measured
+        measured |= {"date": result["machine"]["date"], "counts": [label(c) for c in args.counts]}
+        result["measured"] = {label(c): measured for c in args.counts}
+        if path.is_file():
+            result = merge(json.loads(path.read_text(encoding="utf-8")), result, path)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if args.budget:
+        panels(result["runs"], partial(draw_budget, result), path.with_suffix(".png"), height=3.6)
         for one in result["runs"]:
             where = one["crossing_positions"]
             print(f"{one['count'] or 'all'} examples, seed {one['seed']}: best validation loss "
@@ -367,7 +439,6 @@ def main(argv: list[str]) -> int:
                   + ("; the pretrained arm never goes below" if where is None
                      else f"; the pretrained arm below from {where / 1e6:.1f} M positions"))  # fmt: skip
         return 0
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    plot([result], args.out / f"{name}.png")
+    panels([result], draw, path.with_suffix(".png"))
     print(table(result))
     return 0

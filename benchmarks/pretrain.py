@@ -24,7 +24,7 @@ from typing import Any
 
 from attnkit.config import RunConfig, apply_overrides, run_preset
 from attnkit.data.corpora import BIBLES
-from attnkit.training.checkpoint import latest_checkpoint
+from attnkit.training.checkpoint import checkpoint_step, latest_checkpoint
 from attnkit.training.run import train
 from benchmarks.common import machine
 
@@ -73,13 +73,26 @@ def curve(run_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
 def run(family: str, steps: int, run_dir: Path, small: bool = False) -> dict[str, Any]:
     """Pretrain (or resume) into ``run_dir``; the curve and what the run was."""
     cfg = config(family, steps, small)
-    resume = latest_checkpoint(run_dir) is not None
-    done, final = train(cfg, run_dir, resume=resume, progress_bar=False)
+    last = latest_checkpoint(run_dir)
+    done, final = train(cfg, run_dir, resume=last is not None, progress_bar=False)
     return {
         "family": family, "run_dir": str(run_dir), "updates": done.step, "seconds": done.seconds,
+        "from_update": 0 if last is None else checkpoint_step(last),
         "tokens": done.tokens, "valid_loss": final["loss"], "curve": curve(run_dir),
         "config": json.loads((run_dir / "run.json").read_text(encoding="utf-8")),
     }  # fmt: skip
+
+
+def earlier_calls(path: Path, run_dir: Path, from_update: int) -> list[dict[str, Any]]:
+    """The calls that trained ``run_dir`` before this one, from the result it wrote at ``path``
+    (a run that starts afresh has none): each call's date, updates, load and seconds, so that a
+    resumed run's record says where each stretch ran."""
+    if from_update == 0 or not path.is_file():
+        return []
+    old = json.loads(path.read_text(encoding="utf-8"))
+    if old.get("run_dir") != str(run_dir):
+        return []
+    return old["calls"]
 
 
 def main(argv: list[str]) -> int:
@@ -96,11 +109,13 @@ def main(argv: list[str]) -> int:
     run_dir = args.dir or Path("runs") / "pretrain" / (args.family + ("-small" if args.small else ""))
     load_before, started = os.getloadavg()[0], time.perf_counter()
     result = {**run(args.family, steps, run_dir, args.small), "machine": machine()}
-    result |= {"load_before": load_before, "load_after": os.getloadavg()[0],
-               "wall_seconds": time.perf_counter() - started}  # fmt: skip
+    call = {"date": result["machine"]["date"], "from_update": result.pop("from_update"),
+            "to_update": result["updates"], "load_before": load_before, "load_after": os.getloadavg()[0],
+            "wall_seconds": time.perf_counter() - started}  # fmt: skip
+    path = args.out / (f"pretrain-{args.family}" + ("-small" if args.small else "") + ".json")
+    result["calls"] = [*earlier_calls(path, run_dir, call["from_update"]), call]
     args.out.mkdir(parents=True, exist_ok=True)
-    name = f"pretrain-{args.family}" + ("-small" if args.small else "")
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"{args.family}: {result['updates']:,} updates, {result['seconds']:.0f} s, validation loss "
           f"{result['valid_loss']:.3f} -> {run_dir}")  # fmt: skip
     return 0

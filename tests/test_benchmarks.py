@@ -233,6 +233,30 @@ def test_crossing_runs_both_arms_as_curves_after_a_pretraining(tmp_path: Path) -
     assert (tmp_path / "crossing-bert-small.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_few_labels_counts_merge_into_one_result_of_one_experiment() -> None:
+    from benchmarks.fewlabels import ARMS, merge
+
+    def result(counts: list[str], seeds: list[int], cpu: str = "avx2") -> dict:
+        per = {c: f"{c}@{seeds}" for c in counts}
+        return {"family": "bert", "task": "books", "pretraining": "runs/pretrain/bert", "pretraining_steps": 3000,
+                "seeds": seeds, "reads": "<s> x </s>", "machine": {"cpu_class": cpu}, "steps": per, "rates": per,
+                "tuned_at": per, "tuning": per, "measured": per, "arms": {arm: per for arm in ARMS}}  # fmt: skip
+
+    old, new = result(["all", "1000"], [0, 1]), result(["100", "1000"], [0, 1])
+    new["steps"] = {c: f"new {c}" for c in new["steps"]}
+    merged = merge(old, new, Path("fewlabels-bert-books.json"))
+    assert list(merged["steps"]) == ["100", "1000", "all"] and list(merged["arms"][ARMS[1]]) == ["100", "1000", "all"]
+    assert merged["steps"] == {"100": "new 100", "1000": "new 1000", "all": "all@[0, 1]"}  # the newer count wins
+    assert old == result(["all", "1000"], [0, 1])  # nothing changed in place
+    with pytest.raises(ValueError, match=r"holds seeds \[0, 1\], this run \[0\]: not one table; give --out"):
+        merge(old, result(["100"], [0]), Path("fewlabels-bert-books.json"))
+    with pytest.raises(ValueError, match="measured on avx2, this machine is avx512-bf16"):
+        merge(old, result(["100"], [0, 1], "avx512-bf16"), Path("fewlabels-bert-books.json"))
+    earlier = {**old, "reads": "x"}  # a classifier that read its verses another way: another experiment
+    with pytest.raises(ValueError, match="holds reads 'x', this run '<s> x </s>': not one table"):
+        merge(earlier, new, Path("fewlabels-bert-books.json"))
+
+
 def test_a_recipe_variant_is_labelled_with_its_own_budget() -> None:
     from benchmarks.recipe import label, plan
 
@@ -252,6 +276,7 @@ def test_pretraining_resumes_and_few_labels_fine_tune_both_arms_on_it(tmp_path: 
     subprocess.run(pretrain, check=True, capture_output=True, text=True, timeout=600, cwd=ROOT)  # resumes: done
     again = json.loads((tmp_path / "pretrain-bert-small.json").read_text())
     assert first["updates"] == again["updates"] == 4 and again["curve"] == first["curve"]
+    assert [(c["from_update"], c["to_update"]) for c in again["calls"]] == [(0, 4), (4, 4)]  # each call, kept
     assert [u for u, _, _ in first["curve"]["train"]] == [1, 2, 3, 4]
     assert first["config"]["data"]["bibles"] == ["4"] and first["config"]["train"]["max_steps"] == 4
     few = [sys.executable, "-m", "benchmarks", "fewlabels", "--family", "bert", "--task", "testament", "--small",
@@ -261,11 +286,16 @@ def test_pretraining_resumes_and_few_labels_fine_tune_both_arms_on_it(tmp_path: 
     result = json.loads((tmp_path / "fewlabels-bert-testament-small.json").read_text())
     from benchmarks.fewlabels import ARMS, RATES
 
-    assert set(result["rates"].values()) <= set(RATES["bert"]) and list(result["arms"]) == list(ARMS)
+    assert set(result["rates"]["10"].values()) <= set(RATES["bert"]) and list(result["arms"]) == list(ARMS)
+    assert result["tuned_at"] == {"10": "10"} and result["measured"]["10"]["counts"] == ["10"]
     for arm in ARMS:
-        assert set(result["tuning"][arm]) == {str(lr) for lr in RATES["bert"]}
+        grid = result["tuning"]["10"][arm]
+        assert set(grid) == {str(lr) for lr in RATES["bert"]}
         runs = result["arms"][arm]["10"]
         assert len(runs) == 2 and all(r["updates"] == 4 and 0.0 <= r["accuracy"] <= 1.0 for r in runs)
+        # seed 0's result is the run at the rate that won on validation, scored on test
+        chosen = grid[str(result["rates"]["10"][arm])]
+        assert runs[0]["valid_loss"] == chosen["valid_loss"] and runs[0]["seconds"] == chosen["seconds"]
     assert (tmp_path / "fewlabels-bert-testament-small.png").read_bytes()[:4] == b"\x89PNG"
     bad = subprocess.run([*few[:-2], "--counts", "0"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert bad.returncode == 2 and "--counts must be >= 1 or 'all'" in bad.stderr
@@ -290,6 +320,17 @@ def test_pretraining_resumes_and_few_labels_fine_tune_both_arms_on_it(tmp_path: 
     untuned = subprocess.run([*few[:-1], str(tmp_path / "none"), "--budget"], capture_output=True, text=True,
                              timeout=600, cwd=ROOT)  # fmt: skip
     assert untuned.returncode == 2 and "--budget takes each arm's rate from" in untuned.stderr
+    other = subprocess.run([*few, "--budget", "--counts", "20"], capture_output=True, text=True, timeout=600,
+                           cwd=ROOT)  # fmt: skip
+    assert other.returncode == 2 and "which has none at 20; run python -m benchmarks fewlabels" in other.stderr
+    # another count is added to the result, and a run of other seeds is refused before it trains
+    subprocess.run([*few[:10], "all", *few[11:]], check=True, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    both = json.loads((tmp_path / "fewlabels-bert-testament-small.json").read_text())
+    assert list(both["steps"]) == ["10", "all"] and both["arms"][ARMS[0]]["10"] == result["arms"][ARMS[0]]["10"]
+    assert both["tuning"]["10"] == result["tuning"]["10"] and both["measured"]["all"]["counts"] == ["all"]
+    seeds = subprocess.run([*few[:12], "0", *few[13:]], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert seeds.returncode == 2 and "holds seeds [0, 1], this run [0]: not one table" in seeds.stderr
+    assert json.loads((tmp_path / "fewlabels-bert-testament-small.json").read_text()) == both
     from benchmarks.fewlabels import figure
 
     committed = tmp_path / "committed"
