@@ -258,14 +258,21 @@ def budget(family: str, task: str, pre_dir: Path, count: int | None, seed: int, 
             "crossing_positions": crossing(best[ARMS[0]], best[ARMS[1]], offset=spent)}  # fmt: skip
 
 
-def panels(items: list[Any], draw_one: Callable[[Any, Any], None], path: Path, height: float = 3.8) -> None:
-    """One panel per item, side by side, each drawn by ``draw_one(ax, item)``, saved to ``path``."""
+def panels(items: list[Any], draw_one: Callable[[Any, Any], None], path: Path, height: float = 3.8,
+           per_row: int = 3) -> None:  # fmt: skip
+    """One panel per item, ``per_row`` to a row, each drawn by ``draw_one(ax, item)``, saved to
+    ``path``."""
     from attnkit.chapter.report import pyplot
 
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(items), figsize=(4.5 * len(items), height), squeeze=False)
-    for ax, item in zip(axes[0], items, strict=True):
+    columns = min(per_row, len(items))
+    rows = -(-len(items) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, height * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax, item in zip(flat, items, strict=False):
         draw_one(ax, item)
+    for ax in flat[len(items) :]:
+        ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -290,9 +297,10 @@ def draw_budget(result: dict[str, Any], ax: Any, one: dict[str, Any]) -> None:
     ax.legend(fontsize=7)
 
 
-def summary(result: dict[str, Any]) -> dict[str, dict[str, tuple[float, float]]]:
-    """arm -> label count -> (the task's metric's mean over the seeds, their standard deviation)."""
-    metric = METRIC[result["task"]][0]
+def summary(result: dict[str, Any], metric: str | None = None) -> dict[str, dict[str, tuple[float, float]]]:
+    """arm -> label count -> (``metric``'s mean over the seeds, their standard deviation);
+    by default the task's own metric (:data:`METRIC`)."""
+    metric = metric or METRIC[result["task"]][0]
     out: dict[str, dict[str, tuple[float, float]]] = {}
     for name, by_count in result["arms"].items():
         out[name] = {}
@@ -304,16 +312,20 @@ def summary(result: dict[str, Any]) -> dict[str, dict[str, tuple[float, float]]]
 
 
 def table(result: dict[str, Any]) -> str:
-    """Each arm's mean ± spread per label count, and the pretrained arm's gain: accuracy points,
-    or the ratio of perplexities."""
+    """Each arm's mean ± spread per label count, and the pretrained arm's gain: accuracy points
+    (and macro-F1's, which a majority class cannot reach by itself), or the ratio of
+    perplexities."""
     means = summary(result)
     metric, _ = METRIC[result["task"]]
     accuracy = metric == "accuracy"
+    f1 = summary(result, "macro_f1") if accuracy else {}
     rows = []
     for count in means[ARMS[0]]:
         (a, sa), (b, sb) = means[ARMS[0]][count], means[ARMS[1]][count]
         if accuracy:
-            rows.append(f"| {count} | {a:.1%} ± {sa:.1%} | {b:.1%} ± {sb:.1%} | {100 * (a - b):+.1f} |")
+            (fa, sfa), (fb, sfb) = f1[ARMS[0]][count], f1[ARMS[1]][count]
+            rows.append(f"| {count} | {a:.1%} ± {sa:.1%} | {b:.1%} ± {sb:.1%} | {100 * (a - b):+.1f} | "
+                        f"{fa:.3f} ± {sfa:.3f} / {fb:.3f} ± {sfb:.3f} |")  # fmt: skip
         else:
             ratio = f"{a / b:.2f}×" if b > 0 else "—"
             rows.append(f"| {count} | {a:.1f} ± {sa:.1f} | {b:.1f} ± {sb:.1f} | {ratio} |")
@@ -327,7 +339,8 @@ def table(result: dict[str, Any]) -> str:
         + f" (test {metric} over seeds "
         f"{result['seeds']}; each arm's rate, pretrained / random, chosen on validation at each count: {rates})", "",
         f"| {examples} | pretrained | random initialisation | "
-        f"{'points' if accuracy else 'ratio'} |", "|---|---|---|---|", *rows,
+        + ("points | macro-F1, pretrained / random |" if accuracy else "ratio |"),
+        "|---|---|---|---|" + ("---|" if accuracy else ""), *rows,
     ])  # fmt: skip
 
 
