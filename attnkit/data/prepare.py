@@ -11,6 +11,7 @@ what :class:`~attnkit.data.batching.TokenBatches` packs by.
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,12 @@ from attnkit.data.tokenizer import (
     train_tokenizer,
 )
 from attnkit.progress import ProgressReport
+
+log = logging.getLogger(__name__)
+# The fewest tokens an example must have for an objective to train on it: span corruption keeps
+# one and hides one (SpanCorruption.counts). Shorter ones (a Bible's "..." for an omitted verse)
+# are left out of every split, and counted in the log.
+MIN_TOKENS = {"span_corruption": 2}
 
 
 @dataclass
@@ -363,7 +370,10 @@ def load_data(
     tokenizer is not attnkit's. ``progress``: show the reading and tokenizing."""
     prepared = prepare(run, tokenizer, progress)
     tokenizer = prepared.tokenizer
-    train, valid, test = (prepared.examples(split, run.data.max_tokens) for split in store.SPLITS)
+    train, valid, test = (
+        at_least(prepared.examples(split, run.data.max_tokens), MIN_TOKENS.get(run.objective, 0), split)
+        for split in store.SPLITS
+    )
     if len(train) < 1 or len(valid) < 1:
         raise ValueError(
             "the corpus gave no usable training or validation example; check data.path and data.max_tokens"
@@ -374,6 +384,18 @@ def load_data(
         specials = specials_of(tokenizer) if has_specials(tokenizer) else None
         return Data(tokenizer, specials, train, valid, test, labels=prepared.labels)
     return Data(tokenizer, specials or specials_of(tokenizer), train, valid, test)
+
+
+def at_least(examples: store.Examples, tokens: int, split: str) -> store.Examples:
+    """The text examples (``lines``) of ``split`` that have ``tokens`` or more, the others left
+    out and said; all of them when ``tokens`` is 0."""
+    if tokens == 0:
+        return examples
+    kept = np.flatnonzero(examples.costs() >= tokens + 2)  # a line's cost: its tokens and two specials
+    if len(kept) < len(examples):
+        log.info("%s: %d of %d examples have under %d tokens and are left out", split, len(examples) - len(kept),
+                 len(examples), tokens)  # fmt: skip
+    return examples.take(kept)
 
 
 def few(train: store.Examples, count: int, seed: int) -> store.Examples:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,12 +33,14 @@ from attnkit.data.prepare import (
     held_out,
     labels_of,
     load_data,
+    prepare,
     read_texts,
     tokenizer_texts,
     train_batches,
     weigh_tasks,
 )
 from attnkit.data.tokenizer import read_as_pretrained, train_tokenizer
+from attnkit.objectives.span_corruption import SpanCorruption
 
 WORDS = "the cat sat on a mat while dogs ran far away from home and back again".split()  # noqa: SIM905
 
@@ -354,3 +357,24 @@ def test_more_examples_than_the_split_holds_is_one_line(tmp_path: Path) -> None:
         load_data(run_of("labeled", path, train_examples=5000), None)
     with pytest.raises(ValueError, match=r"data\.train_examples must be >= 1"):
         apply_overrides(run_of("labeled", path), {"data.train_examples": "0"})
+
+
+def test_examples_too_short_for_span_corruption_are_left_out_of_every_split(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = sentences(300, 0)
+    rows[::7] = ["cat"] * len(rows[::7])  # one token: span corruption can hide it or keep it, not both
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    t5 = apply_overrides(run_preset("t5-tiny"), {"data.corpus": "files", "data.path": str(path),
+                                                 "data.vocab_size": "400", "data.max_tokens": "24"})  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="attnkit.data.prepare"):
+        corrupted = load_data(t5, None)
+    objective = SpanCorruption(corrupted.specials)
+    prepared = prepare(t5)
+    for split in ("train", "valid"):
+        whole, kept = prepared.examples(split, t5.data.max_tokens), getattr(corrupted, split)
+        assert any(len(e) == 1 for e in whole)
+        assert list(kept) == [e for e in whole if len(e) >= 2]
+        objective.batch(list(kept), torch.Generator().manual_seed(0))  # every one corrupts
+    assert "have under 2 tokens and are left out" in caplog.text
