@@ -17,6 +17,10 @@ in the results), and every score is on the test split. Each count is its own exp
 of some counts adds them to (or replaces them in) the result already in ``--out`` (default
 benchmarks/results): ``fewlabels-FAMILY-TASK.json`` and ``.png``.
 
+``--checkpoint best`` scores each run at its lowest validation loss (evaluated every tenth of
+its updates) rather than its last update: early stopping, for the few labels the last has
+overfitted; its results are their own, ``fewlabels-FAMILY-TASK-best.json``.
+
 ``--budget`` answers the budget question instead: at each label count and seed, both arms as
 validation-loss curves over the positions they trained on (updates x each batch's token
 budget), the pretrained arm's starting where its pretraining's positions end, and the random arm
@@ -32,6 +36,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -44,7 +49,7 @@ from attnkit.chapter.transfer import classifier_scores, task_scores
 from attnkit.config import RunConfig, apply_overrides, run_preset
 from attnkit.data.prepare import load_data
 from attnkit.data.tokenizer import load_tokenizer
-from attnkit.training.checkpoint import checkpoint_step, latest_checkpoint, run_model
+from attnkit.training.checkpoint import checkpoint_step, complete_checkpoints, latest_checkpoint, run_model
 from attnkit.training.evaluate import evaluate
 from attnkit.training.run import make_objective, read_run_config, train
 from benchmarks.common import machine
@@ -86,6 +91,10 @@ POOLING = {"bert": "mean", "gpt": "last"}
 # What a classifier reads of a verse x: what its pretraining read (attnkit.data.tokenizer.read_as_pretrained;
 # results measured before that, BERT books' first, read "x").
 READS = {"bert": "<s> x </s>", "gpt": "<s> x"}
+# Which checkpoint of each fine-tuning run is scored: its last (the results measured before the
+# choice existed), or the one of lowest validation loss, evaluated every tenth of its updates
+# (early stopping: at few labels the last has overfitted, docs/families.md).
+CHECKPOINTS = {"last": "its last update", "best": "its lowest validation loss"}
 
 
 def arm(family: str, task: str, pre_dir: Path, pretrained: bool, count: int | None, seed: int, lr: float,
@@ -134,29 +143,58 @@ def scores(run_dir: Path, run: RunConfig, split: str, scored: int) -> dict[str, 
     return lm_scores(run_dir, run, split)
 
 
-def fine_tune(run: RunConfig, splits: tuple[str, ...], scored: int) -> dict[str, dict[str, Any]]:
-    """Train ``run`` in a directory of its own; split -> its scores on each of ``splits``."""
+def fine_tune(
+    run: RunConfig, splits: tuple[str, ...], scored: int, checkpoint: str = "last"
+) -> dict[str, dict[str, Any]]:
+    """Train ``run`` in a directory of its own; split -> the scores of its ``checkpoint``
+    (:data:`CHECKPOINTS`) on each of ``splits``."""
+    every = max(run.train.max_steps // 10, 1)
+    if checkpoint == "best":  # a checkpoint at each evaluation of the whole validation split, all kept
+        run = apply_overrides(run, {
+            "train.eval_every": str(every), "train.checkpoint_every": str(every), "train.eval_batches": "1000000",
+            "train.keep_checkpoints": str(run.train.max_steps // every + 1)})  # fmt: skip
     with TemporaryDirectory() as tmp:
-        done, final = train(run, Path(tmp) / "run", progress_bar=False)
+        run_dir = Path(tmp) / "run"
+        done, final = train(run, run_dir, progress_bar=False)
         trained = {"updates": done.step, "seconds": done.seconds, "valid_loss": final["loss"]}
-        return {split: {**scores(Path(tmp) / "run", run, split, scored), **trained} for split in splits}
+        if checkpoint == "best":
+            trained["scored_update"], trained["scored_valid_loss"] = keep_best(run_dir)
+        return {split: {**scores(run_dir, run, split, scored), **trained} for split in splits}
+
+
+def keep_best(run_dir: Path) -> tuple[int, float]:
+    """The update of ``run_dir``'s lowest validation loss (the earliest of equals; updates with
+    no checkpoint, such as 0, left out) and that loss; the checkpoints after it are removed, so
+    that the run's model is the one at that update."""
+    checkpoints = {checkpoint_step(c): c for c in complete_checkpoints(run_dir)}
+    losses: dict[int, float] = {}
+    for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)  # periodic evaluations, and the final one (at the last checkpoint)
+        if record["split"] == "valid" and record["step"] in checkpoints:
+            losses.setdefault(record["step"], record["loss"])
+    best = min(losses, key=lambda step: (losses[step], step))
+    for step, path in checkpoints.items():
+        if step > best:
+            shutil.rmtree(path)
+    return best, losses[best]
 
 
 def at_count(family: str, task: str, pre_dir: Path, count: int | None, seeds: list[int], steps: int,
-             scored: int = SCORED[False]) -> dict[str, Any]:  # fmt: skip
+             scored: int = SCORED[False], checkpoint: str = "last") -> dict[str, Any]:  # fmt: skip
     """One label count: each arm's rate, its best of :data:`RATES` on validation at ``seeds[0]``
     (the chosen run's test scores are that seed's result), then the other seeds at that rate,
-    scored on test."""
+    scored on test; each run's ``checkpoint`` scored (:data:`CHECKPOINTS`)."""
     metric, higher = METRIC[task]
     best = max if higher else min
     out: dict[str, Any] = {"steps": steps, "rates": {}, "tuning": {}, "arms": {}}
     for name in ARMS:
         this = partial(arm, family, task, pre_dir, name == ARMS[0], count)  # (seed, lr, steps) -> its RunConfig
-        grid = {str(lr): fine_tune(this(seeds[0], lr, steps), ("valid", "test"), scored) for lr in RATES[family]}
+        grid = {str(lr): fine_tune(this(seeds[0], lr, steps), ("valid", "test"), scored, checkpoint)
+                for lr in RATES[family]}  # fmt: skip
         chosen = best(grid, key=lambda lr: grid[lr]["valid"][metric])
         out["tuning"][name] = {lr: runs["valid"] for lr, runs in grid.items()}
         out["rates"][name] = rate = float(chosen)
-        others = [fine_tune(this(seed, rate, steps), ("test",), scored)["test"] for seed in seeds[1:]]
+        others = [fine_tune(this(seed, rate, steps), ("test",), scored, checkpoint)["test"] for seed in seeds[1:]]
         out["arms"][name] = [grid[chosen]["test"], *others]
     return out
 
@@ -167,14 +205,15 @@ def label(count: int | None) -> str:
 
 
 def run(family: str, task: str, pre_dir: Path, counts: list[int | None], seeds: list[int],
-        steps: dict[int | None, int], scored: int = SCORED[False]) -> dict[str, Any]:  # fmt: skip
+        steps: dict[int | None, int], scored: int = SCORED[False],
+        checkpoint: str = "last") -> dict[str, Any]:  # fmt: skip
     """Every label count (:func:`at_count`), as one result: per count its updates, each arm's
     rate, the count its rate was chosen at (its own), the tuning grid, and each arm's test
     scores over the seeds."""
-    result: dict[str, Any] = {**header(family, task, pre_dir, seeds), "steps": {}, "rates": {}, "tuned_at": {},
-                              "tuning": {}, "arms": {name: {} for name in ARMS}}  # fmt: skip
+    result: dict[str, Any] = {**header(family, task, pre_dir, seeds, checkpoint), "steps": {}, "rates": {},
+                              "tuned_at": {}, "tuning": {}, "arms": {name: {} for name in ARMS}}  # fmt: skip
     for count in counts:
-        one = at_count(family, task, pre_dir, count, seeds, steps[count], scored)
+        one = at_count(family, task, pre_dir, count, seeds, steps[count], scored, checkpoint)
         key = label(count)
         for field in ("steps", "rates", "tuning"):
             result[field][key] = one[field]
@@ -184,16 +223,16 @@ def run(family: str, task: str, pre_dir: Path, counts: list[int | None], seeds: 
     return result
 
 
-def header(family: str, task: str, pre_dir: Path, seeds: list[int]) -> dict[str, Any]:
+def header(family: str, task: str, pre_dir: Path, seeds: list[int], checkpoint: str = "last") -> dict[str, Any]:
     """What must agree for two results to be one table: the same experiment on the same class
     of CPU (:func:`same`)."""
     pre, _ = read_run_config(pre_dir)
     return {"family": family, "task": task, "pretraining": str(pre_dir), "pretraining_steps": pre.train.max_steps,
-            "seeds": seeds, "reads": READS[family] if task in _CLASSIFICATION else None,
+            "seeds": seeds, "reads": READS[family] if task in _CLASSIFICATION else None, "checkpoint": checkpoint,
             "machine": machine()}  # fmt: skip
 
 
-SAME = ("family", "task", "pretraining", "pretraining_steps", "seeds", "reads")
+SAME = ("family", "task", "pretraining", "pretraining_steps", "seeds", "reads", "checkpoint")
 
 
 def same(old: dict[str, Any], new: dict[str, Any], path: Path) -> None:
@@ -336,7 +375,7 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join([
         f"{result['family'].upper()}, {TASKS[result['family']][result['task']]}"
         + (f", the classifier reading {result['reads']}" if result.get("reads") else "")
-        + f" (test {metric} over seeds "
+        + f" (test {metric} of each run's checkpoint at {CHECKPOINTS[result['checkpoint']]}, over seeds "
         f"{result['seeds']}; each arm's rate, pretrained / random, chosen on validation at each count: {rates})", "",
         f"| {examples} | pretrained | random initialisation | "
         + ("points | macro-F1, pretrained / random |" if accuracy else "ratio |"),
@@ -359,8 +398,9 @@ def draw(ax: Any, result: dict[str, Any]) -> None:
     if metric == "perplexity":
         ax.set_yscale("log")
     what = TASKS[result["family"]][result["task"]]
+    at = ", best validation checkpoint" if result["checkpoint"] == "best" else ""
     ax.set_title(f"{result['family'].upper()}: {what}\n({result['machine']['cpu_class']}, "
-                 f"{len(result['seeds'])} seeds)", fontsize=8)  # fmt: skip
+                 f"{len(result['seeds'])} seeds{at})", fontsize=8)  # fmt: skip
     ax.legend(fontsize=7)
 
 
@@ -390,6 +430,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--budget", action="store_true", help="both arms as curves over the positions trained "
                         "on, pretraining's included, to where the pretrained one overtakes (e.g. --counts 1000 "
                         "--seeds 0)")  # fmt: skip
+    parser.add_argument("--checkpoint", choices=sorted(CHECKPOINTS), default="last",
+                        help="score each run's last checkpoint (default) or its best on validation loss, "
+                        "evaluated every tenth of its updates (a result of its own: "
+                        "fewlabels-FAMILY-TASK-best.json)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default benchmarks/results)")
     parser.add_argument("--figure", type=Path, metavar="PNG",
                         help="draw every result in --out into PNG (docs/figures/fewlabels.png) and stop")  # fmt: skip
@@ -409,7 +453,7 @@ def main(argv: list[str]) -> int:
         parser.error(f"{pre_dir} is no pretraining run; make one: python -m benchmarks pretrain --family {args.family}")
     counted = T5_STEPS if args.family == "t5" else STEPS
     steps = {c: 4 if args.small else counted.get(c, counted[1000]) for c in args.counts}  # other counts: 1,000's
-    small = "-small" if args.small else ""
+    small = ("-best" if args.checkpoint == "best" else "") + ("-small" if args.small else "")
     tuned = args.out / f"fewlabels-{args.family}-{args.task}{small}.json"
     if args.budget:
         rates = json.loads(tuned.read_text(encoding="utf-8"))["rates"] if tuned.is_file() else {}
@@ -421,7 +465,7 @@ def main(argv: list[str]) -> int:
     if not args.budget and path.is_file():  # refused now, not after hours of training
         try:
             old = json.loads(path.read_text(encoding="utf-8"))
-            same(old, header(args.family, args.task, pre_dir, args.seeds), path)
+            same(old, header(args.family, args.task, pre_dir, args.seeds, args.checkpoint), path)
         except ValueError as e:
             parser.error(str(e))
     load_before, started = os.getloadavg()[0], time.perf_counter()
@@ -431,7 +475,8 @@ def main(argv: list[str]) -> int:
                   "runs": [budget(args.family, args.task, pre_dir, c, seed, rates[label(c)], steps[c])
                            for c in args.counts for seed in args.seeds]}  # fmt: skip
     else:
-        result = run(args.family, args.task, pre_dir, args.counts, args.seeds, steps, SCORED[args.small])
+        result = run(args.family, args.task, pre_dir, args.counts, args.seeds, steps, SCORED[args.small],
+                     args.checkpoint)  # fmt: skip
     measured = {"load_before": load_before, "load_after": os.getloadavg()[0],
                 "wall_seconds": time.perf_counter() - started}  # fmt: skip
     if args.budget:

@@ -239,7 +239,8 @@ def test_few_labels_counts_merge_into_one_result_of_one_experiment() -> None:
     def result(counts: list[str], seeds: list[int], cpu: str = "avx2") -> dict:
         per = {c: f"{c}@{seeds}" for c in counts}
         return {"family": "bert", "task": "books", "pretraining": "runs/pretrain/bert", "pretraining_steps": 3000,
-                "seeds": seeds, "reads": "<s> x </s>", "machine": {"cpu_class": cpu}, "steps": per, "rates": per,
+                "seeds": seeds, "reads": "<s> x </s>", "checkpoint": "last", "machine": {"cpu_class": cpu},
+                "steps": per, "rates": per,
                 "tuned_at": per, "tuning": per, "measured": per, "arms": {arm: per for arm in ARMS}}  # fmt: skip
 
     old, new = result(["all", "1000"], [0, 1]), result(["100", "1000"], [0, 1])
@@ -255,6 +256,8 @@ def test_few_labels_counts_merge_into_one_result_of_one_experiment() -> None:
     earlier = {**old, "reads": "x"}  # a classifier that read its verses another way: another experiment
     with pytest.raises(ValueError, match="holds reads 'x', this run '<s> x </s>': not one table"):
         merge(earlier, new, Path("fewlabels-bert-books.json"))
+    with pytest.raises(ValueError, match="holds checkpoint 'last', this run 'best': not one table"):
+        merge(old, {**new, "checkpoint": "best"}, Path("fewlabels-bert-books.json"))
 
 
 def test_a_recipe_variant_is_labelled_with_its_own_budget() -> None:
@@ -297,6 +300,15 @@ def test_pretraining_resumes_and_few_labels_fine_tune_both_arms_on_it(tmp_path: 
         chosen = grid[str(result["rates"]["10"][arm])]
         assert runs[0]["valid_loss"] == chosen["valid_loss"] and runs[0]["seconds"] == chosen["seconds"]
     assert (tmp_path / "fewlabels-bert-testament-small.png").read_bytes()[:4] == b"\x89PNG"
+    # early stopping: each run scored at its checkpoint of lowest validation loss, a result of its own
+    subprocess.run([*few[:12], "0", *few[13:], "--checkpoint", "best"], check=True, capture_output=True, text=True,
+                   timeout=900, cwd=ROOT)  # fmt: skip
+    stopped = json.loads((tmp_path / "fewlabels-bert-testament-best-small.json").read_text())
+    assert stopped["checkpoint"] == "best" and result["checkpoint"] == "last"
+    for arm in ARMS:
+        (run,) = stopped["arms"][arm]["10"]
+        assert 1 <= run["scored_update"] <= 4 and run["scored_valid_loss"] <= run["valid_loss"]
+        assert all(r["scored_update"] <= r["updates"] for r in stopped["tuning"]["10"][arm].values())
     bad = subprocess.run([*few[:-2], "--counts", "0"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert bad.returncode == 2 and "--counts must be >= 1 or 'all'" in bad.stderr
     # The budget question: the random arm trains for the pretraining's positions and the fine-tuning's
@@ -338,3 +350,31 @@ def test_pretraining_resumes_and_few_labels_fine_tune_both_arms_on_it(tmp_path: 
     (committed / "fewlabels-bert-testament.json").write_text(json.dumps(result))
     assert figure(committed, tmp_path / "all.png") == [committed / "fewlabels-bert-testament.json"]
     assert (tmp_path / "all.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_best_checkpoint_is_the_lowest_validation_loss_and_the_later_ones_go(tmp_path: Path) -> None:
+    from attnkit.training.checkpoint import MARKER, checkpoint_dir, complete_checkpoints, latest_checkpoint
+    from benchmarks.fewlabels import keep_best
+
+    def run_dir(name: str, last: float) -> Path:
+        """Validation every 2 updates of 10, a checkpoint at each but update 0's (before
+        fine-tuning, lowest here, and no candidate); update 10 scores ``last``, as the final
+        evaluation does again."""
+        root = tmp_path / name
+        losses = {0: 0.1, 2: 3.0, 4: 2.5, 6: 2.5, 8: 2.7, 10: last}
+        records = [{"split": "valid", "step": step, "loss": loss} for step, loss in losses.items()]
+        records.insert(2, {"split": "train", "step": 2, "loss": 1.0, "seconds": 1.0})
+        records.append({"split": "valid", "step": 10, "loss": last, "final": True})
+        for step in (2, 4, 6, 8, 10):
+            checkpoint_dir(root, step).mkdir(parents=True)
+            (checkpoint_dir(root, step) / MARKER).write_text("")
+        (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return root
+
+    overfitted = run_dir("overfitted", 2.8)
+    assert keep_best(overfitted) == (4, 2.5)  # the earliest of equals
+    assert latest_checkpoint(overfitted) == checkpoint_dir(overfitted, 4)
+    assert [c.name for c in complete_checkpoints(overfitted)] == ["step-00000002", "step-00000004"]
+    assert keep_best(overfitted) == (4, 2.5)
+    improving = run_dir("improving", 2.0)
+    assert keep_best(improving) == (10, 2.0) and len(complete_checkpoints(improving)) == 5
