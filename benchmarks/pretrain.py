@@ -25,7 +25,7 @@ from typing import Any
 from attnkit.config import RunConfig, apply_overrides, run_preset
 from attnkit.data.corpora import BIBLES
 from attnkit.training.checkpoint import checkpoint_step, latest_checkpoint
-from attnkit.training.run import train
+from attnkit.training.run import RUN_CONFIG, train
 from benchmarks.common import machine
 
 RESULTS = Path(__file__).parent / "results"
@@ -71,10 +71,11 @@ def curve(run_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
 
 
 def run(family: str, steps: int, run_dir: Path, small: bool = False) -> dict[str, Any]:
-    """Pretrain (or resume) into ``run_dir``; the curve and what the run was."""
+    """Pretrain (or resume) into ``run_dir``; the curve and what the run was. A run stopped
+    before its first checkpoint starts again from update 0 (its metrics trimmed)."""
     cfg = config(family, steps, small)
     last = latest_checkpoint(run_dir)
-    done, final = train(cfg, run_dir, resume=last is not None, progress_bar=False)
+    done, final = train(cfg, run_dir, resume=(run_dir / RUN_CONFIG).is_file(), progress_bar=False)
     return {
         "family": family, "run_dir": str(run_dir), "updates": done.step, "seconds": done.seconds,
         "from_update": 0 if last is None else checkpoint_step(last),

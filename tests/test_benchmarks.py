@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -280,6 +281,12 @@ def test_pretraining_resumes_and_few_labels_fine_tune_both_arms_on_it(tmp_path: 
     again = json.loads((tmp_path / "pretrain-bert-small.json").read_text())
     assert first["updates"] == again["updates"] == 4 and again["curve"] == first["curve"]
     assert [(c["from_update"], c["to_update"]) for c in again["calls"]] == [(0, 4), (4, 4)]  # each call, kept
+    shutil.rmtree(tmp_path / "pre" / "checkpoints")  # stopped before its first checkpoint: starts over
+    subprocess.run(pretrain, check=True, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    over = json.loads((tmp_path / "pretrain-bert-small.json").read_text())
+    losses = {split: [(u, loss) for u, _, loss in points] for split, points in first["curve"].items()}
+    assert {split: [(u, loss) for u, _, loss in points] for split, points in over["curve"].items()} == losses
+    assert [(c["from_update"], c["to_update"]) for c in over["calls"]] == [(0, 4)]
     assert [u for u, _, _ in first["curve"]["train"]] == [1, 2, 3, 4]
     assert first["config"]["data"]["bibles"] == ["4"] and first["config"]["train"]["max_steps"] == 4
     few = [sys.executable, "-m", "benchmarks", "fewlabels", "--family", "bert", "--task", "testament", "--small",
