@@ -72,6 +72,7 @@ SCORED = {False: 300, True: 8}  # held-out verses of a T5 task decoded (greedy);
 # What each task is scored by, and whether more is better.
 METRIC = {"books": ("accuracy", True), "testament": ("accuracy", True), "italian": ("perplexity", False),
           "modernize": ("bleu", True), "french": ("bleu", True)}  # fmt: skip
+XLABEL = {"accuracy": "labelled examples", "perplexity": "verses of the held-out language", "bleu": "training pairs"}
 ARMS = ("pretrained", "random initialisation")
 # Updates per label count (None: all of them), the same for both arms: 100 examples are two
 # 2,048-token batches, so 150 updates are 75 passes over them; all (28,000) get about 4.
@@ -393,8 +394,8 @@ def draw(ax: Any, result: dict[str, Any]) -> None:
         ax.errorbar(xs, ys, yerr=spreads, marker="o", capsize=3, label=name)
         ax.set_xticks(list(xs), counts)
     metric = METRIC[result["task"]][0]
-    ax.set_xlabel("labelled examples" if metric == "accuracy" else "verses of the held-out language")
-    ax.set_ylabel(f"test {metric}")
+    ax.set_xlabel(XLABEL[metric])
+    ax.set_ylabel(f"test {'BLEU (greedy)' if metric == 'bleu' else metric}")
     if metric == "perplexity":
         ax.set_yscale("log")
     what = TASKS[result["family"]][result["task"]]
