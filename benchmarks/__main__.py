@@ -19,7 +19,9 @@ Marian-shaped batch-32 beam-4, and a trained translator's BLEU with ``--run DIR`
 per product against fp32, by activation rows: where ``kernels.DENSE_ROWS`` comes from), ``embed`` (MiniLM sentence
 embeddings against sentence-transformers' pooling on transformers), ``serve`` (``attnkit serve``
 under 1, 8 and 32 concurrent clients against the same requests one at a time), ``data`` (preparing a corpus
-of one's own into the dataset store and training from it, at 100 MB and 1 GB), ``startup`` (the command
+of one's own into the dataset store and training from it, at 100 MB and 1 GB), ``grammars``
+(the grammar engines constrained decoding could use, side by side on SmolLM2's tokenizer and
+benchmarks/schemas.json), ``startup`` (the command
 line's start-up:
 ``--help`` and one ``translate`` against ``import torch`` + the model load).
 """
@@ -47,6 +49,7 @@ from benchmarks import (
     forward,
     generation,
     gpu,
+    grammars,
     lm,
     pretrain,
     recipe,
@@ -314,13 +317,15 @@ def main() -> None:
         sys.exit(recipe.main(sys.argv[2:]))
     if sys.argv[1:2] == ["crossing"]:  # its own options: updates of each phase
         sys.exit(crossing.main(sys.argv[2:]))
+    if sys.argv[1:2] == ["grammars"]:  # the engines constrained decoding could use, on SmolLM2's tokenizer
+        sys.exit(grammars.main(sys.argv[2:]))
     if sys.argv[1:2] == ["fewlabels"]:  # its own options: the task, label counts, seeds
         sys.exit(fewlabels.main(sys.argv[2:]))
     if sys.argv[1:2] == ["pretrain"]:  # its own options: the family, its updates and run directory
         sys.exit(pretrain.main(sys.argv[2:]))
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     others = ["peak", "attention", "latency", "translation", "lm", "gpu", "demo", "recipe", "crossing", "trainspeed"]
-    others += ["pretrain", "fewlabels"]
+    others += ["pretrain", "fewlabels", "grammars"]
     others += ["startup", "data"]
     others += ["decoding", "smollm2", "serve"]
     parser.add_argument("suite", choices=[*sorted(SUITES), *others])

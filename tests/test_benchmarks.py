@@ -385,3 +385,27 @@ def test_the_best_checkpoint_is_the_lowest_validation_loss_and_the_later_ones_go
     assert keep_best(overfitted) == (4, 2.5)
     improving = run_dir("improving", 2.0)
     assert keep_best(improving) == (10, 2.0) and len(complete_checkpoints(improving)) == 5
+
+
+def test_grammars_walks_every_schema_with_each_engine_installed(smollm2_gguf: Path, tmp_path: Path) -> None:
+    """``python -m benchmarks grammars --engines-only``: every committed schema compiled and
+    walked by llguidance (attnkit's engine), each other engine measured or said missing."""
+    pytest.importorskip("llguidance")
+    out = tmp_path / "grammars.json"
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "grammars", "--engines-only", "--out", str(out)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    numbers = json.loads(out.read_text())
+    schemas = numbers["schemas"]
+    assert len(schemas) >= 30 and "validity" not in numbers
+    walked = numbers["engines"]["llguidance"]["schemas"]
+    assert set(walked) == set(schemas) and all("error" not in s and s["steps"] >= 1 for s in walked.values())
+    for name in ("xgrammar", "outlines_core"):
+        got = numbers["engines"][name]
+        assert (
+            got == {"missing": True} if importlib.util.find_spec(name) is None else set(got["schemas"]) == set(schemas)
+        )
+    assert (
+        f"| llguidance {numbers['engines']['llguidance']['version']} | {len(schemas)} of {len(schemas)} |"
+        in result.stdout
+    )

@@ -7,10 +7,12 @@ import sys
 
 from attnkit.cli.common import (
     add_compile_flag,
+    add_grammar_flag,
     add_model_flag,
     add_weights_flag,
     compile_option,
     compiles_so_far,
+    grammar_option,
     input_lines,
     load_for,
     report_compiles,
@@ -43,6 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (1.0)")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
     parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    add_grammar_flag(parser)
     add_compile_flag(parser, "a long conversation (a cache size holds several replies)")
     parser.set_defaults(run=run)
 
@@ -53,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from attnkit.generation.text import TextStream, chat_prompt
 
     model = load_for(args.model, "generate", args.weights)
+    grammar = grammar_option(args, model)
     template = getattr(model, "chat_template", None)
     if not template:
         raise ValueError(
@@ -80,9 +84,12 @@ def run(args: argparse.Namespace) -> int:
 
         seed = None if args.seed is None else args.seed + number
         sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, seed=seed)
-        options = {"compile": compile_option(args), **(sampling if args.do_sample else {})}
-        model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, streamer=stream, **options)
+        options = {"compile": compile_option(args), **grammar, **(sampling if args.do_sample else {})}
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, streamer=stream, **options)
         print(reply.finish(), flush=True)
+        if grammar and cfg.eos_token_id not in out[0, len(prompt) :].tolist():
+            print(f"attnkit: warning: the reply was cut at {new_tokens} tokens before its JSON was complete; it is "
+                  "not valid", file=sys.stderr)  # fmt: skip
         say_choice(model)
         compiled = report_compiles(compiled)
         messages.append({"role": "assistant", "content": reply.text})

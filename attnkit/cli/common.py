@@ -223,6 +223,40 @@ def add_compile_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, 
     )  # fmt: skip
 
 
+def add_grammar_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    parser.add_argument(
+        "--json-schema", metavar="FILE",
+        help="answer with one JSON value valid against the JSON schema in FILE, every time: each token is "
+        "chosen among those that keep the output inside the schema (constrained decoding, attnkit[grammar]); an "
+        "answer cut by --max-new-tokens before it is complete is reported on stderr",
+    )  # fmt: skip
+
+
+def grammar_option(args: argparse.Namespace, model: Model) -> dict:
+    """``generate``'s ``grammar`` from ``--json-schema FILE`` (none: no option), compiled for
+    ``model``'s tokenizer now, so that a schema the engine refuses is an error naming the file
+    before any decoding."""
+    if args.json_schema is None:
+        return {}
+    from attnkit.generation.grammar import Grammar, GrammarError, compile_grammar
+
+    try:
+        text = Path(args.json_schema).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"--json-schema {args.json_schema}: cannot read it ({e.strerror})") from None
+    cfg = model.config
+    eos = getattr(args, "eos_id", None)  # chat has no --eos-id
+    eos = cfg.eos_token_id if eos is None else eos
+    try:
+        grammar = Grammar.json_schema(text)
+        compile_grammar(
+            grammar, tokenizer_of(model, args.model, ids_hint=False), cfg.vocab_size, [] if eos is None else [eos]
+        )
+    except GrammarError as e:
+        raise ValueError(f"--json-schema {args.json_schema}: {e}") from None
+    return {"grammar": grammar}
+
+
 def compile_option(args: argparse.Namespace) -> bool | str:
     """``generate``'s ``compile`` from ``--compile`` / ``--no-compile`` (neither: ``"auto"``)."""
     return "auto" if args.compile is None else args.compile

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterable
 
 from attnkit.cli.common import (
     add_decoding_flags,
+    add_grammar_flag,
     add_model_flag,
     add_weights_flag,
     compiles_so_far,
     decoding_options,
     emit,
+    grammar_option,
     in_batches,
     input_lines,
     load_for,
@@ -44,7 +47,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog="examples:\n"
         '  attnkit generate --model ./gpt2 --prompt "Attention is" --max-new-tokens 20\n'
         "  attnkit generate --model ./gpt2 --do-sample --top-p 0.9 --seed 0 < prompts.txt\n"
-        '  attnkit generate --model ./gpt2 --ids "464 3241 318" --only-new',
+        '  attnkit generate --model ./gpt2 --ids "464 3241 318" --only-new\n'
+        '  attnkit generate --model SmolLM2.gguf --json-schema person.json --only-new "A person, as JSON:"',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_flag(parser)
@@ -56,6 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--input", metavar="FILE", help="prompts, one per line (default: standard input)")
     parser.add_argument("--only-new", action="store_true", help="print only the continuation, not the prompt")
     add_decoding_flags(parser, DEFAULTS)
+    add_grammar_flag(parser)
     parser.set_defaults(run=run)
 
 
@@ -65,9 +70,10 @@ def run(args: argparse.Namespace) -> int:
     from attnkit.generation.text import prompt_ids
 
     model = load_for(args.model, "generate", args.weights)
+    grammar = grammar_option(args, model)
     since = compiles_so_far()
     cfg = model.config
-    options = decoding_options(args, model, DEFAULTS)
+    options = {**decoding_options(args, model, DEFAULTS), **grammar}
     eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
     pad = cfg.pad_token_id if args.pad_id is None else args.pad_id
     if args.text and (args.prompt is not None or args.ids is not None or args.input is not None):
@@ -109,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
         lines = []
         for row, prompt in enumerate(prompts):
             new = until_eos(out[row, width:].tolist(), eos)
+            if grammar and len(new) == out.shape[1] - width:  # no end token: cut before it was complete
+                number, cap = index * args.batch_size + row + 1, out.shape[1] - width
+                print(f"attnkit: warning: output {number} was cut at --max-new-tokens {cap} before its JSON was "
+                      "complete; it is not valid", file=sys.stderr)  # fmt: skip
             tokens = new if args.only_new else prompt + new
             if tokenizer is None:
                 lines.append(" ".join(map(str, tokens)))

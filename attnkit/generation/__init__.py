@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
 
 from attnkit.config import ModelConfig
 from attnkit.generation.constraints import bad_words, chain, forced
+from attnkit.generation.grammar import Grammar, compile_grammar, constrained
 from attnkit.generation.greedy import decode_one_path, filter_logits, sampler
 from attnkit.generation.incremental import IncrementalModel
 from attnkit.generation.ngrams import no_repeat_ngram, no_repeat_word_ngram, words_of
@@ -20,7 +21,7 @@ from attnkit.models.core import Model, check_ids
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-__all__ = ["IncrementalModel", "filter_logits", "generate"]
+__all__ = ["Grammar", "IncrementalModel", "filter_logits", "generate"]
 
 
 def _new_tokens(cfg: ModelConfig, input_ids: Tensor, max_new_tokens: int | None, max_length: int | None) -> int:
@@ -147,6 +148,7 @@ def generate(
     bad_words_ids: list[list[int]] | None = None,
     streamer: Callable[[Tensor], None] | None = None,
     compile: bool | Literal["auto"] = "auto",
+    grammar: Grammar | dict[str, Any] | None = None,
 ) -> Tensor:
     """Continue ``input_ids`` (decoder-only: returns prompt + continuation) or translate them
     (encoder–decoder: returns the decoder sequence, starting with its start token).
@@ -172,6 +174,12 @@ def generate(
     ``forced_eos_token_id`` force the first / last new token; ``bad_words_ids`` are never
     completed. ``streamer`` (greedy and sampling) is called with each step's new tokens (N,)
     as they are chosen, for output shown while it is decoded.
+
+    ``grammar`` constrains every row's new tokens to a grammar (:mod:`attnkit.generation.grammar`):
+    a JSON schema (a dict, or :meth:`Grammar.json_schema`), :meth:`Grammar.regex` or
+    :meth:`Grammar.lark`, read through ``tokenizer``; each step allows only the tokens that keep
+    the output inside it, and an end token once it is complete, in every decoding mode. An output
+    cut by ``max_new_tokens`` before it is complete is not valid: check its end token.
 
     ``compile=True`` runs each step after the first as one compiled graph
     (:mod:`attnkit.generation.compiled`): the first call for a model and shape loads it from the
@@ -230,6 +238,11 @@ def generate(
         constraints.append(forced(forced_bos_token_id, 0, read_before))
     if forced_eos_token_id is not None:
         constraints.append(forced(forced_eos_token_id, max_new_tokens - 1, read_before))
+    if grammar is not None:  # last: it may leave only one token, which nothing after it may ban
+        if tokenizer is None:
+            raise ValueError("grammar= reads the output's text through a tokenizer and this model has none; pass "
+                             "tokenizer= or set model.tokenizer (from_pretrained does)")  # fmt: skip
+        constraints.append(constrained(compile_grammar(grammar, tokenizer, cfg.vocab_size, ends), read_before))
     constraint = chain(constraints)
     if streamer is not None and num_beams > 1:
         raise ValueError("streamer follows one path per input; beam search decides its tokens only at the end")

@@ -1,6 +1,7 @@
 """What OpenAI's two completion APIs (``/v1/completions``, ``/v1/chat/completions``) share: their
 sampling fields checked and turned into model-thread jobs (``n`` choices per prompt, which
-share one prefill), the choices run to their end (an end token, ``max_tokens``, a stop
+share one prefill), a ``response_format`` kept to (:mod:`attnkit.serve.structured`), the
+choices run to their end (an end token, ``max_tokens``, a stop
 sequence: held back while it may still begin one, never shown), answered whole or streamed,
 with the scores of their tokens and the usage."""
 
@@ -19,12 +20,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from attnkit.generation.continuous import Scored
+from attnkit.generation.grammar import Compiled, follow
 from attnkit.generation.penalties import penalties
 from attnkit.generation.text import TextStream
 from attnkit.serve.engine import Job
 from attnkit.serve.handling import Api, events, handled, sse, stream_response, watched
 from attnkit.serve.schema import ApiError, fields, in_range
 from attnkit.serve.stops import StopText
+from attnkit.serve.structured import response_grammar
 
 # Sampling below this temperature is greedy in all but overflow: refused, 0 asks for greedy.
 MIN_TEMPERATURE = 0.01
@@ -58,6 +61,7 @@ class Sampling:
     include_usage: bool
     top_logprobs: int | None = None
     echo: bool = False  # completions: the prompt comes first in the answer, with its scores
+    grammar: Compiled | None = None  # response_format's: every choice's tokens kept inside it
 
 
 @dataclass(eq=False)
@@ -110,12 +114,6 @@ class CompletionApi(Api):
                 raise ApiError(400, f"{name} is not supported: attnkit does not call tools", param=name)
         if body.get("tool_choice") not in (None, "none", "auto"):
             raise ApiError(400, "tool_choice is not supported: attnkit does not call tools", param="tool_choice")
-        response_format = body.get("response_format")
-        if response_format is not None and response_format != {"type": "text"}:
-            raise ApiError(
-                400, f"response_format {response_format} is not supported; only {{'type': 'text'}}",
-                param="response_format",
-            )  # fmt: skip
         return body
 
     def sampling(self, body: dict[str, Any], max_tokens: int | None, prompts: int) -> Sampling:
@@ -156,10 +154,13 @@ class CompletionApi(Api):
         if not isinstance(include_usage, bool):
             raise ApiError(422, f"stream_options.include_usage must be true or false, got {include_usage}",
                            param="stream_options")  # fmt: skip
+        model = self.state.model
+        grammar = response_grammar(body.get("response_format"), self.tokenizer, model.config.vocab_size,
+                                   model.config.eos_token_id)  # fmt: skip
         return Sampling(
             max_tokens, float(temperature), float(top_p), n, body.get("seed"), stops,
             float(body.get("frequency_penalty", 0.0)), float(body.get("presence_penalty", 0.0)),
-            self._logit_bias(body.get("logit_bias") or {}), body.get("stream", False), include_usage,
+            self._logit_bias(body.get("logit_bias") or {}), body.get("stream", False), include_usage, grammar=grammar,
         )  # fmt: skip
 
     def _logit_bias(self, bias: dict[str, Any]) -> dict[int, float]:
@@ -188,7 +189,8 @@ class CompletionApi(Api):
             for j in range(s.n):
                 options = dict(
                     ids=ids, max_new_tokens=new, temperature=s.temperature, top_p=s.top_p, seed=seed + j,
-                    eos=[] if eos is None else [eos], adjust=adjust, top_logprobs=s.top_logprobs,
+                    eos=[] if eos is None else [eos], top_logprobs=s.top_logprobs,
+                    adjust=adjust if s.grammar is None else follow(s.grammar, adjust),  # a grammar state per choice
                     prompt_logprobs=prompt_logprobs,
                 )  # fmt: skip
                 job = Job("complete", loop, options)

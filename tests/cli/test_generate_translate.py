@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import select
 import subprocess
 import sys
@@ -561,3 +562,23 @@ def test_compile_prints_what_eager_decoding_prints_and_the_compile_time(
     eager = output_lines(capsys, beams)
     assert main([*beams, "--compile"]) == 0
     assert capsys.readouterr().out.splitlines() == eager
+
+
+def test_chat_answers_json_valid_against_a_schema(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``attnkit chat --json-schema FILE``: the reply is generate's under the schema, and valid."""
+    pytest.importorskip("llguidance", reason="the grammar extra is not installed: pip install 'attnkit[grammar]'")
+    jsonschema = pytest.importorskip("jsonschema")
+    chat_model(tmp_path)
+    model = attnkit.from_pretrained(tmp_path / "chat", weights="fp32")
+    schema = {"type": "object", "properties": {"pet": {"enum": ["cat", "dog"]}, "n": {"type": "integer",
+              "minimum": 0, "maximum": 9}}, "required": ["pet", "n"], "additionalProperties": False}  # fmt: skip
+    (tmp_path / "pet.json").write_text(json.dumps(schema), encoding="utf-8")
+    argv = ["chat", "--model", str(tmp_path / "chat"), "--weights", "fp32", "--message", "the cat",
+            "--max-new-tokens", "24", "--json-schema", str(tmp_path / "pet.json")]  # fmt: skip
+    assert main(argv) == 0
+    prompt = model.tokenizer.encode("user: the cat\nassistant:", add_special_tokens=False).ids
+    new = model.generate(torch.tensor([prompt]), max_new_tokens=24, grammar=schema)[0, len(prompt) :].tolist()
+    assert 2 in new
+    reply = capsys.readouterr().out
+    assert reply == model.tokenizer.decode(new[: new.index(2)], skip_special_tokens=True) + "\n"
+    jsonschema.validate(json.loads(reply), schema)

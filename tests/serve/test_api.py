@@ -331,9 +331,9 @@ def test_metrics_count_requests_and_tokens(gpt_client: TestClient) -> None:
         ),
         (
             "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
-            400,
-            "response_format {'type': 'json_object'} is not supported",
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}},
+            422,
+            "response_format.type must be one of text, json_object, json_schema, got 'yaml'",
             "response_format",
         ),
         ("/v1/embeddings", {"input": "hi"}, 400, "needs an encoder (BERT-family) model", "model"),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import BaseModel, Field
 from torch.testing import assert_close
 
 import attnkit
@@ -110,6 +111,52 @@ def test_langchain_chats(chat_server: str, client: openai.OpenAI) -> None:
     text = expected.choices[0].message.content
     assert llm.invoke(QUESTION[0]["content"]).content == text
     assert "".join(chunk.content for chunk in llm.stream(QUESTION[0]["content"])) == text
+
+
+class Person(BaseModel):
+    """What the SDK and LangChain turn into a response_format json_schema."""
+
+    name: str
+    age: int = Field(ge=0, le=150)
+
+
+PERSON = [{"role": "user", "content": "Describe a person called Ada, aged 36, as JSON."}]
+
+
+def test_the_openai_sdk_parses_structured_output(smollm2: Model, client: openai.OpenAI) -> None:
+    """``chat.completions.parse`` with a Pydantic model: the strict schema the SDK sends keeps
+    SmolLM2's answer to it (alone it answers in prose), the same as ``generate`` under that schema."""
+    from openai.lib._pydantic import to_strict_json_schema  # the schema the SDK sends for Person
+
+    parsed = client.chat.completions.parse(model="smollm2", messages=PERSON, response_format=Person,
+                                           max_tokens=48, temperature=0)  # type: ignore[arg-type]  # fmt: skip
+    message = parsed.choices[0].message
+    assert parsed.choices[0].finish_reason == "stop" and message.parsed == Person(name="Ada", age=36)
+    ids = chat_prompt(smollm2.chat_template, smollm2.tokenizer, smollm2.config, PERSON)
+    out = smollm2.generate(torch.tensor([ids]), max_new_tokens=48, grammar=to_strict_json_schema(Person))
+    new = out[0, len(ids) :].tolist()
+    assert message.content == smollm2.tokenizer.decode(new[: new.index(2)], skip_special_tokens=True)
+    fmt = {"type": "json_schema", "json_schema": {"name": "Person", "schema": to_strict_json_schema(Person),
+                                                  "strict": True}}  # fmt: skip
+    stream = client.chat.completions.create(model="smollm2", messages=PERSON, response_format=fmt, max_tokens=48,
+                                            temperature=0, stream=True)  # type: ignore[call-overload]  # fmt: skip
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == message.content
+    unique = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}}}
+    with pytest.raises(openai.BadRequestError, match="Unimplemented keys"):
+        client.chat.completions.create(model="smollm2", messages=PERSON, max_tokens=4, response_format=unique)
+
+
+def test_langchain_structured_output(chat_server: str, client: openai.OpenAI) -> None:
+    """``with_structured_output(Person)`` (json_schema), LangChain unchanged; an answer cut by its
+    token cap is LangChain's length error, not a parse of broken JSON."""
+    chat_openai = pytest.importorskip("langchain_openai").ChatOpenAI
+    llm = chat_openai(base_url=f"{chat_server}/v1", api_key="unused", model="smollm2", temperature=0,
+                      max_completion_tokens=48, max_retries=0)  # fmt: skip
+    assert llm.with_structured_output(Person, method="json_schema").invoke(PERSON[0]["content"]) == Person(
+        name="Ada", age=36
+    )
+    with pytest.raises(openai.LengthFinishReasonError):
+        llm.with_structured_output(Person, method="json_schema").invoke(PERSON[0]["content"], max_completion_tokens=4)
 
 
 @pytest.fixture(scope="module")
