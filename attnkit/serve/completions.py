@@ -27,6 +27,13 @@ class Completions(CompletionApi):
     async def respond(self, request: HttpRequest) -> Response:
         spec = dict(prompt="inputs", echo="bool", logprobs="int", best_of="int", suffix="str")
         body = self.read(await self.body(request), spec, "prompt")
+        for name in ("tools", "functions"):
+            if body.get(name):
+                raise ApiError(400, f"{name}: the completions API has no tool calls; use /v1/chat/completions",
+                               param=name)  # fmt: skip
+        if body.get("tool_choice") not in (None, "none", "auto"):
+            raise ApiError(400, "tool_choice: the completions API has no tool calls; use /v1/chat/completions",
+                           param="tool_choice")  # fmt: skip
         if body.get("suffix"):
             raise ApiError(400, "suffix is not supported: attnkit's models complete text left to right", param="suffix")
         config, limit = self.state.model.config, self.state.limits.max_batch

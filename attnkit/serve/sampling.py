@@ -61,7 +61,8 @@ class Sampling:
     include_usage: bool
     top_logprobs: int | None = None
     echo: bool = False  # completions: the prompt comes first in the answer, with its scores
-    grammar: Compiled | None = None  # response_format's: every choice's tokens kept inside it
+    grammar: Compiled | None = None  # response_format's or the tools': every choice's tokens kept inside it
+    tool_calls: bool = False  # chat with tools: an answer that is calls is sent as tool_calls
 
 
 @dataclass(eq=False)
@@ -109,11 +110,6 @@ class CompletionApi(Api):
         body = fields(body, {**spec, **SAMPLING}, (required,), endpoint=self.endpoint)
         self.model_field(body)
         self.need("gpt", use=f"{self.endpoint} needs a GPT-family model; use /v1/translate or /v1/embeddings")
-        for name in ("tools", "functions"):
-            if body.get(name):
-                raise ApiError(400, f"{name} is not supported: attnkit does not call tools", param=name)
-        if body.get("tool_choice") not in (None, "none", "auto"):
-            raise ApiError(400, "tool_choice is not supported: attnkit does not call tools", param="tool_choice")
         return body
 
     def sampling(self, body: dict[str, Any], max_tokens: int | None, prompts: int) -> Sampling:

@@ -81,6 +81,14 @@ def gpt(tokenizer: Tokenizer, verses: list[tuple[str, str]]) -> Model:
 
 
 @pytest.fixture(scope="session")
+def long_gpt(tokenizer: Tokenizer, verses: list[tuple[str, str]]) -> Model:
+    """The GPT with a context of 1,024 positions: room for a system message that lists tools."""
+    model = _model("gpt-tiny", tokenizer, verses, bos_token_id=specials_of(tokenizer).bos, max_len=1024)
+    model.chat_template = CHAT_TEMPLATE
+    return model
+
+
+@pytest.fixture(scope="session")
 def translator(tokenizer: Tokenizer, verses: list[tuple[str, str]]) -> Model:
     return _model("transformer-tiny", tokenizer, verses, decoder_start_token_id=specials_of(tokenizer).bos)
 

@@ -282,7 +282,7 @@ def test_metrics_count_requests_and_tokens(gpt_client: TestClient) -> None:
             "/v1/completions",
             {"prompt": "x", "tools": [{"type": "function"}]},
             400,
-            "attnkit does not call tools",
+            "the completions API has no tool calls",
             "tools",
         ),
         ("/v1/chat/completions", {"messages": []}, 422, "messages is empty", "messages"),
@@ -310,10 +310,10 @@ def test_metrics_count_requests_and_tokens(gpt_client: TestClient) -> None:
         ),
         (
             "/v1/chat/completions",
-            {"messages": [{"role": "tool", "content": "42", "tool_call_id": "a"}]},
-            400,
-            "attnkit does not call tools",
-            "messages[0]",
+            {"messages": [{"role": "robot", "content": "42"}]},
+            422,
+            "messages[0].role must be one of",
+            "messages[0].role",
         ),
         (
             "/v1/chat/completions",

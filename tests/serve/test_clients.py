@@ -159,6 +159,59 @@ def test_langchain_structured_output(chat_server: str, client: openai.OpenAI) ->
         llm.with_structured_output(Person, method="json_schema").invoke(PERSON[0]["content"], max_completion_tokens=4)
 
 
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def weather(city: str) -> str:
+    """The tool the tests call: a fixed answer per city."""
+    return f"18 degrees and sunny in {city}"
+
+
+def test_the_openai_sdk_calls_a_tool_and_reads_its_result(client: openai.OpenAI) -> None:
+    """A tool call (required, one: with more allowed SmolLM2 repeats the same call until its
+    tokens run out), streamed the same, executed, and its result carried back in."""
+    asked = dict(model="smollm2", tools=[WEATHER_TOOL], max_tokens=64, temperature=0, parallel_tool_calls=False)
+    answer = client.chat.completions.create(messages=ASK_WEATHER, tool_choice="required", **asked)  # type: ignore[call-overload]
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and set(arguments) == {"city"}, arguments
+    stream = client.chat.completions.create(messages=ASK_WEATHER, tool_choice="required", stream=True, **asked)  # type: ignore[call-overload]
+    deltas = [c.choices[0].delta for c in stream if c.choices]
+    gathered = [t for d in deltas for t in d.tool_calls or []]
+    assert [(t.function.name, t.function.arguments) for t in gathered] == [("get_weather", call.function.arguments)]
+    turns = [*ASK_WEATHER, choice.message, {"role": "tool", "tool_call_id": call.id, "content": weather(**arguments)}]
+    final = client.chat.completions.create(messages=turns, tool_choice="none", **asked)  # type: ignore[call-overload]
+    assert final.choices[0].message.content and final.choices[0].message.tool_calls is None
+    with pytest.raises(openai.BadRequestError, match="not among the tools"):
+        client.chat.completions.create(messages=ASK_WEATHER, tool_choice={"type": "function", "function": {
+            "name": "get_time"}}, **asked)  # type: ignore[call-overload]  # fmt: skip
+
+
+def test_langchain_binds_a_tool_and_answers_with_its_result(chat_server: str) -> None:
+    """``bind_tools`` as an agent loop uses it: the call executed, a ToolMessage answered."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+
+    get_weather = tool(weather)
+    llm = langchain_openai.ChatOpenAI(base_url=f"{chat_server}/v1", api_key="unused", model="smollm2", temperature=0,
+                                      max_completion_tokens=64, max_retries=0)  # fmt: skip
+    asked = [HumanMessage(ASK_WEATHER[0]["content"])]
+    message = llm.bind_tools([get_weather], tool_choice="required", parallel_tool_calls=False).invoke(asked)
+    (call,) = message.tool_calls
+    assert call["name"] == "weather" and set(call["args"]) == {"city"}
+    result = ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])
+    answer = llm.bind_tools([get_weather], tool_choice="none", parallel_tool_calls=False).invoke(
+        [*asked, message, result]
+    )
+    assert answer.content and not answer.tool_calls
+
+
 @pytest.fixture(scope="module")
 def minilm(minilm_dir: Path) -> Iterator[tuple[Model, str]]:
     with spawn(minilm_dir, "--name", "minilm", "--weights", "fp32", threads=1) as (url, _, _):

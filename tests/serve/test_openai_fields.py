@@ -203,7 +203,7 @@ def test_streamed_usage_and_content_parts(client: TestClient) -> None:
 
 
 def test_unknown_fields_are_ignored_and_logged_once(client: TestClient, caplog: pytest.LogCaptureFixture) -> None:
-    unused = {"parallel_tool_calls": False, "metadata": {"a": "b"}, "store": False, "tool_choice": "none"}
+    unused = {"metadata": {"a": "b"}, "store": False, "service_tier": "auto"}
     body = {
         "messages": MESSAGES,
         "temperature": 0,
