@@ -72,10 +72,15 @@ class Request:
     tokens: list[int] = field(default_factory=list)
     scores: list[Scored] = field(default_factory=list)
     prompt_scores: list[Scored | None] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" (an end token) or "length", once finished
+    finish_reason: str | None = None  # "stop" (an end token), "length", or "error" (``error`` says), once finished
+    error: str | None = None  # why its ``adjust`` failed (a grammar that allows no token): it ends there
 
     def add(self, token: int, scored: Scored | None = None) -> bool:
-        """Record ``token`` (and its score); True when the request is finished with it."""
+        """Record ``token`` (and its score); True when the request is finished with it. A
+        request whose adjustment failed ends without it."""
+        if self.error is not None:
+            self.finish_reason = "error"
+            return True
         self.tokens.append(token)
         if scored is not None:
             self.scores.append(scored)
@@ -324,7 +329,10 @@ class ContinuousBatch:
             chosen_from = logits.to(torch.float32, copy=True)  # the scores are the raw logits'
             for row, request in enumerate(requests):
                 if request.adjust is not None:
-                    chosen_from[row] = request.adjust(chosen_from[row], request.tokens)
+                    try:
+                        chosen_from[row] = request.adjust(chosen_from[row], request.tokens)
+                    except ValueError as err:  # this request's failure (its grammar's), not the batch's
+                        request.error = str(err)
         tokens = argmax(chosen_from)
         for row, request in enumerate(requests):
             if request.choose is not None:

@@ -154,9 +154,17 @@ def compile_grammar(
                   else build(grammar.text))  # fmt: skip
     except (ValueError, TypeError) as e:
         raise GrammarError(f"the {grammar.kind.replace('_', ' ')} cannot be compiled: {e}") from None
+    what = grammar.kind.replace("_", " ")
     if error := engine.LLMatcher.validate_grammar(source, lltok):
-        raise GrammarError(f"the {grammar.kind.replace('_', ' ')} cannot be compiled: {error}")
-    return _remember(_compiled, key, Compiled(grammar, source, lltok, vocab_size, tuple(ends)))
+        raise GrammarError(f"the {what} cannot be compiled: {error}")
+    compiled = Compiled(grammar, source, lltok, vocab_size, tuple(ends))
+    try:  # one that cannot begin (a $ref that refers only to itself) is refused now, not mid-decode
+        compiled.follower().mask_into(torch.zeros((vocab_size + 31) // 32, dtype=torch.int32))
+    except GrammarError as e:
+        raise GrammarError(
+            f"the {what} cannot be compiled: nothing can begin it ({str(e).split(': ', 1)[-1]})"
+        ) from None
+    return _remember(_compiled, key, compiled)
 
 
 _BITS = 1 << torch.arange(32, dtype=torch.int64)  # bit b of a mask word

@@ -233,7 +233,10 @@ class Engine:
     def _finish(self, finished: list[Request]) -> None:
         for request in finished:
             job = self.running.pop(id(request))
-            job.emit("done", {"tokens": request.tokens, "finish_reason": request.finish_reason})
+            if request.error is not None:  # its own failure; the batch goes on
+                job.emit("error", request.error)
+            else:
+                job.emit("done", {"tokens": request.tokens, "finish_reason": request.finish_reason})
 
     def _translate(self, jobs: list[Job]) -> None:
         from attnkit.generation.batches import pad_right

@@ -196,3 +196,24 @@ def test_penalised_greedy_equals_a_loop_by_hand() -> None:
         expected.append(int(logits.argmax()))
     assert request.tokens == expected
     assert request.tokens != alone(model, prompt, 10)  # the penalties changed the choice
+
+
+def test_a_request_whose_adjustment_fails_ends_alone() -> None:
+    """An ``adjust`` that raises (a grammar that allows no token) ends its own request with the
+    reason, without the token; the batch's other requests decode as alone."""
+    model = model_of("gpt-tiny")
+    texts = prompts(model.config.vocab_size, [4, 6])
+
+    def failing(logits: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+        if len(tokens) == 3:
+            raise ValueError("the regex leaves no token allowed after 3 tokens")
+        return logits
+
+    broken, fine = Request(texts[0], 10, adjust=failing), Request(texts[1], 10)
+    batch = ContinuousBatch(model)
+    batch.add([broken, fine])
+    while len(batch):
+        batch.step()
+    assert broken.finish_reason == "error" and broken.error == "the regex leaves no token allowed after 3 tokens"
+    assert broken.tokens == alone(model, texts[0], 3)
+    assert fine.tokens == alone(model, texts[1], 10) and fine.finish_reason == "length"

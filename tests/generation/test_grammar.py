@@ -131,6 +131,10 @@ def test_an_encoder_decoder_is_constrained_after_its_start_token(tokenizer: Toke
         ({"not": {"type": "string"}}, "not"),
         ('{"type": ', "not JSON"),
         (["type", "object"], "a JSON schema is an object"),
+        (
+            {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+            "nothing can begin it",
+        ),
     ],
 )
 def test_a_schema_the_engine_cannot_compile_is_named(tokenizer: Tokenizer, schema: object, reason: str) -> None:
@@ -139,15 +143,14 @@ def test_a_schema_the_engine_cannot_compile_is_named(tokenizer: Tokenizer, schem
 
 
 def test_a_grammar_the_tokenizer_cannot_spell_ends_with_an_error(gpt: torch.nn.Module, tokenizer: Tokenizer) -> None:
-    """A vocabulary of a and b with no unknown token: nothing can spell "c"; the engine's
-    error, its first line, not a hang or a token outside the grammar."""
+    """A vocabulary of a and b with no unknown token: nothing can spell "c"; refused before
+    decoding with the engine's error, its first line, not a hang or a token outside the grammar."""
     words = Tokenizer(models.WordLevel({"a": 0, "b": 1, "</s>": 2}, unk_token="[UNK]"))
     words.decoder = decoders.ByteLevel()
     gpt.tokenizer = words
     try:
-        with pytest.raises(
-            GrammarError, match=r"^the regex failed after 0 tokens: panic: tokenizer error: MissingUnkToken$"
-        ):
+        failed = r"^the regex cannot be compiled: nothing can begin it \(panic: tokenizer error: MissingUnkToken\)$"
+        with pytest.raises(GrammarError, match=failed):
             generate(gpt, torch.tensor([[0, 1]]), max_new_tokens=4, grammar=Grammar.regex("c"), eos_token_id=2)
     finally:
         gpt.tokenizer = tokenizer

@@ -29,6 +29,7 @@ SCHEMA = {
                    "light": {"type": "boolean"}},
     "required": ["who", "days", "light"], "additionalProperties": False,
 }  # fmt: skip
+CYCLE = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}  # refs, nothing else
 EMPTY_RANGE = {"type": "integer", "minimum": 3, "maximum": 1}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "creation", "schema": SCHEMA, "strict": True}}
 
@@ -99,6 +100,8 @@ def test_a_cut_answer_is_length_not_valid(client: TestClient) -> None:
          400, "Invalid type: strin", "response_format.json_schema.schema"),
         ({"type": "json_schema", "json_schema": {"name": "x", "schema": EMPTY_RANGE}},
          400, "minimum (3) is greater than maximum (1)", "response_format.json_schema.schema"),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": CYCLE}},
+         400, "nothing can begin it", "response_format.json_schema.schema"),
         ({"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}},
          400, "must be a JSON object, got list", "response_format.json_schema.schema"),
         ({"type": "json_schema", "json_schema": {"schema": SCHEMA}}, 422, 'with a "name"',
