@@ -289,6 +289,15 @@ def constrained(compiled: Compiled, read_before: int) -> Constraint:
                 state.mask_into(words[row])
         allowed = unpack(words, compiled.vocab_size)
         allowed[complete.nonzero()[:, 0][:, None], torch.tensor(compiled.ends)] = True  # only an end token
-        return scores.masked_fill(~allowed.to(scores.device), float("-inf"))
+        masked = scores.masked_fill(~allowed.to(scores.device), float("-inf"))
+        followed = torch.tensor([o in now and now[o].refused is None for o in outputs], device=scores.device)
+        stuck = followed & ~(masked > float("-inf")).any(dim=-1)  # (N,): the earlier constraints banned all it allows
+        if bool(stuck.any()):
+            row = int(stuck.nonzero()[0, 0])
+            raise GrammarError(
+                f"the grammar and the other constraints (no_repeat_ngram_size, bad_words_ids, a forced token) leave "
+                f"no token allowed after {len(outputs[row])} tokens; drop one of them"
+            )
+        return masked
 
     return constrain

@@ -202,3 +202,12 @@ def test_the_command_line_prints_what_generate_gives(gpt: torch.nn.Module, token
         assert main([*argv[:-1], str(tmp_path / path), "x"]) == 2
         err = capsys.readouterr().err.splitlines()
         assert len(err) == 1 and path in err[0] and reason in err[0], err
+
+
+def test_constraints_that_together_allow_nothing_end_with_an_error(gpt: torch.nn.Module, tokenizer: Tokenizer) -> None:
+    """Banned words that take every token the grammar allows: an error naming both, not a token
+    outside the grammar (every score -inf would pick token 0)."""
+    words = ["yes", "no"]
+    banned = [tokenizer.encode(w).ids[:1] for w in words]  # the first token of each word
+    with pytest.raises(GrammarError, match=r"the grammar and the other constraints .* leave no token allowed after 0"):
+        generate(gpt, torch.tensor([[1, 2]]), max_new_tokens=4, grammar=Grammar.regex("yes|no"), bad_words_ids=banned)
