@@ -4,7 +4,8 @@ side by side on SmolLM2's tokenizer (49,152 tokens) and the committed schema set
 takes, and the microseconds of a next-token mask along a path of 64 tokens (each step the
 allowed token a fixed random score ranks first, so every engine walks a path it accepts). Then
 SmolLM2-135M-Instruct answering each schema's prompt with the schema as a grammar and without,
-greedy and sampled: how many answers are valid, and the tokens/s of each (:func:`validity`).
+greedy and sampled: how many answers are valid, and the tokens/s of each (:func:`validity`); and
+``attnkit serve`` under 32 concurrent requests with the schemas and without (:func:`under_load`).
 
 Engines: llguidance, xgrammar and outlines-core, each measured where it is installed
 (``pip install llguidance xgrammar outlines-core``); one that is not is reported as such. The
@@ -14,6 +15,7 @@ result (``benchmarks/results/grammars.json``) is what attnkit's choice of llguid
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.metadata
 import importlib.util
 import json
@@ -178,7 +180,8 @@ def ask(entry: dict[str, Any]) -> list[dict[str, str]]:
 
 def validity(model: Any, schemas: list[dict]) -> dict[str, Any]:
     """SmolLM2 answering every schema's prompt through its chat template, greedy and sampled
-    (seed 0), with the schema as a grammar and without (at most :data:`NEW_TOKENS`): per mode
+    (seed 0), with the schema as a grammar, with it :func:`~attnkit.generation.grammar.bounded`,
+    and without (at most :data:`NEW_TOKENS`): per mode
     each answer's validity (jsonschema), whether it ended, its tokens and seconds; and, side by
     side per schema, the seconds of the schema's answer against the same number of tokens
     decoded free (its end token never taken), and of a first token with the schema new (its
@@ -198,11 +201,12 @@ def validity(model: Any, schemas: list[dict]) -> dict[str, Any]:
         return got[0, len(ids) :].tolist(), time.perf_counter() - start
 
     for mode, options in {"greedy": {}, "sampled": {"do_sample": True, "seed": 0}}.items():
-        for constrained in (True, False):
+        for constrained in ("schema", "no schema", "bounded schema"):
             rows = []
             for entry in schemas:
                 ids = chat_prompt(model.chat_template, model.tokenizer, model.config, ask(entry))
-                grammar = entry["schema"] if constrained else None
+                grammar = {"schema": entry["schema"], "no schema": None,
+                           "bounded schema": grammars.bounded(entry["schema"])}[constrained]  # fmt: skip
                 new, seconds = timed(ids, max_new_tokens=NEW_TOKENS, grammar=grammar, **options)
                 text = model.tokenizer.decode(new[: new.index(eos)] if eos in new else new, skip_special_tokens=True)
                 try:
@@ -212,7 +216,7 @@ def validity(model: Any, schemas: list[dict]) -> dict[str, Any]:
                     valid = False
                 rows.append({"name": entry["name"], "valid": valid, "ended": eos in new, "tokens": len(new),
                              "seconds": seconds, "text": text[:300]})  # fmt: skip
-                if constrained and mode == "greedy":
+                if constrained == "schema" and mode == "greedy":
                     _, free = timed(ids, max_new_tokens=len(new), eos_token_id=never, **options)
                     grammars._compiled.clear()
                     _, first = timed(ids, max_new_tokens=1, grammar=grammar)
@@ -220,8 +224,52 @@ def validity(model: Any, schemas: list[dict]) -> dict[str, Any]:
                     out["speed"].append({"name": entry["name"], "tokens": len(new), "schema_s": seconds,
                                          "free_s": free, "first_token_s": first,
                                          "first_token_free_s": first_free})  # fmt: skip
-            out[f"{mode}, {'schema' if constrained else 'no schema'}"] = rows
+            out[f"{mode}, {constrained}"] = rows
     return out
+
+
+LOAD_CLIENTS, LOAD_TOKENS = 32, 64  # concurrent chat requests, and each one's cap
+
+
+async def _chats(url: str, bodies: list[dict[str, Any]], clients: int) -> tuple[int, float]:
+    """``bodies`` posted to /v1/chat/completions by ``clients`` concurrent clients: the tokens
+    generated and the seconds."""
+    import httpx
+
+    work, tokens = list(bodies), 0
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal tokens
+        while work:
+            answer = (await http.post("/v1/chat/completions", json=work.pop())).raise_for_status().json()
+            tokens += answer["usage"]["completion_tokens"]
+
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=64)) as http:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        return tokens, time.perf_counter() - started
+
+
+def under_load(schemas: list[dict]) -> dict[str, Any]:
+    """``attnkit serve`` (SmolLM2, int8, its step eager) answering every schema's prompt twice
+    over from 32 concurrent clients, greedy, with the schema as ``response_format`` and without,
+    in turn, three rounds: the tokens and seconds of each."""
+    from attnkit.serve.server import spawn
+
+    def body(entry: dict[str, Any], constrained: bool) -> dict[str, Any]:
+        fmt = {"type": "json_schema", "json_schema": {"name": entry["name"], "schema": entry["schema"]}}
+        return {"messages": ask(entry), "max_tokens": LOAD_TOKENS, "temperature": 0,
+                **({"response_format": fmt} if constrained else {})}  # fmt: skip
+
+    rounds: dict[str, list[tuple[int, float]]] = {"schema": [], "no schema": []}
+    flags = ["--weights", "int8", "--max-batch", str(LOAD_CLIENTS), "--no-compile"]
+    with spawn(smollm2_path(), *flags, timeout=600) as (url, _, _):
+        asyncio.run(_chats(url, [body(e, True) for e in schemas[:8]], 8))  # warm-up, each schema compiled once
+        for _ in range(3):
+            for name, constrained in (("schema", True), ("no schema", False)):
+                bodies = [body(e, constrained) for e in schemas * 2]
+                rounds[name].append(asyncio.run(_chats(url, bodies, LOAD_CLIENTS)))
+    return {"clients": LOAD_CLIENTS, "max_tokens": LOAD_TOKENS, "rounds": rounds}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -239,6 +287,16 @@ def table(result: dict[str, Any]) -> str:
                     f"{', '.join(k for k, s in got['schemas'].items() if 'error' in s) or '—'} |")  # fmt: skip
     answers = [f"| {mode} | {sum(r['valid'] for r in rows)} of {len(rows)} | {sum(r['ended'] for r in rows)} |"
                for mode, rows in result.get("validity", {}).items() if mode != "speed"]  # fmt: skip
+    load = result.get("load")
+    if load:
+        rates = {name: [t / sec for t, sec in runs] for name, runs in load["rounds"].items()}
+        answers_load = [f"{load['clients']} concurrent chat requests to attnkit serve (eager, greedy, at most "
+                        f"{load['max_tokens']} tokens): {statistics.median(rates['schema']):.1f} tokens/s with the "
+                        f"schemas, {statistics.median(rates['no schema']):.1f} without "
+                        f"({statistics.median(rates['schema']) / statistics.median(rates['no schema']):.2f}x; "
+                        "median of 3 rounds in turn)"]  # fmt: skip
+    else:
+        answers_load = []
     speed = result.get("validity", {}).get("speed", [])
     if speed:
         tokens = sum(r["tokens"] for r in speed)
@@ -251,6 +309,7 @@ def table(result: dict[str, Any]) -> str:
         *([f"SmolLM2-135M-Instruct (int8, eager, batch 1) answering each schema's prompt, at most {NEW_TOKENS} "
            "tokens", "", "| decoding | valid JSON | ended |", "|---|---|---|", *answers, ""]
           if answers else []),
+        *([*answers_load, ""] if answers_load else []),
         f"Grammar engines on SmolLM2's tokenizer, {len(result['schemas'])} schemas ({result['machine']['cpu_class']})",
         "", "| engine | schemas compiled | set-up s | compile ms, median / max | mask µs, median / max | refused |",
         "|---|---|---|---|---|---|", *rows,
@@ -278,6 +337,7 @@ def main(argv: list[str]) -> int:
     if not args.engines_only:
         torch.set_num_threads(2)
         result["validity"] = validity(model, schemas)
+        result["load"] = under_load(schemas)
     args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(table(result))
     return 0

@@ -70,6 +70,53 @@ class Grammar:
         return cls("lark", text)
 
 
+# What bounded() gives what a schema leaves open: characters of a string, items of an array,
+# the magnitude of a number.
+MAX_LENGTH, MAX_ITEMS, MAGNITUDE = 64, 8, 10**12
+_SUBSCHEMAS = ("additionalProperties", "items", "not", "if", "then", "else", "contains")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def bounded(schema: dict[str, Any], max_length: int = MAX_LENGTH, max_items: int = MAX_ITEMS,
+            magnitude: int = MAGNITUDE) -> dict[str, Any]:  # fmt: skip
+    """A copy of a JSON ``schema`` whose open ends are closed: a string with no ``maxLength``,
+    ``enum``, ``const``, ``pattern`` or ``format`` gets ``maxLength`` ``max_length``, an array
+    with no ``maxItems`` gets ``max_items`` (at least its ``minItems``), a number with no bound
+    on a side is bounded at ± ``magnitude``. Every value it allows the original allows; a small
+    model that repeats inside a string, a list or a number's digits then ends within a budget
+    of tokens (docs/serving.md measures it). A number's fractional digits stay open."""
+
+    def walk(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        out = dict(node)
+        for key in _SUBSCHEMAS:
+            if isinstance(out.get(key), dict):
+                out[key] = walk(out[key])
+        for key in _SCHEMA_LISTS:
+            if isinstance(out.get(key), list):
+                out[key] = [walk(item) for item in out[key]]
+        for key in _SCHEMA_MAPS:
+            if isinstance(out.get(key), dict):
+                out[key] = {name: walk(sub) for name, sub in out[key].items()}
+        types = out.get("type", [])
+        types = set(types) if isinstance(types, list) else {types}
+        if "string" in types and not {"maxLength", "enum", "const", "pattern", "format"} & out.keys():
+            out["maxLength"] = max(max_length, out.get("minLength", 0))
+        if "array" in types and "maxItems" not in out:
+            out["maxItems"] = max(max_items, out.get("minItems", 0))
+        if types & {"integer", "number"} and not {"enum", "const"} & out.keys():
+            low, high = out.get("minimum", out.get("exclusiveMinimum")), out.get("maximum", out.get("exclusiveMaximum"))
+            if high is None:
+                out["maximum"] = magnitude if low is None else max(magnitude, low + 1)
+            if low is None:
+                out["minimum"] = -magnitude if high is None else min(-magnitude, high - 1)
+        return out
+
+    return walk(schema)
+
+
 def as_grammar(grammar: Grammar | dict[str, Any]) -> Grammar:
     """A :class:`Grammar` as it is, a dict as a JSON schema."""
     if isinstance(grammar, Grammar):

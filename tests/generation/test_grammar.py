@@ -18,7 +18,7 @@ import attnkit
 from attnkit.config import preset
 from attnkit.data.tokenizer import train_tokenizer
 from attnkit.generation import Grammar, generate
-from attnkit.generation.grammar import GrammarError, compile_grammar, constrained
+from attnkit.generation.grammar import GrammarError, bounded, compile_grammar, constrained
 
 pytest.importorskip("llguidance", reason="the grammar extra is not installed: pip install 'attnkit[grammar]'")
 jsonschema = pytest.importorskip("jsonschema", reason="the test extra is not installed: pip install 'attnkit[test]'")
@@ -211,3 +211,42 @@ def test_constraints_that_together_allow_nothing_end_with_an_error(gpt: torch.nn
     banned = [tokenizer.encode(w).ids[:1] for w in words]  # the first token of each word
     with pytest.raises(GrammarError, match=r"the grammar and the other constraints .* leave no token allowed after 0"):
         generate(gpt, torch.tensor([[1, 2]]), max_new_tokens=4, grammar=Grammar.regex("yes|no"), bad_words_ids=banned)
+
+
+def test_bounded_closes_every_open_end_and_keeps_the_rest() -> None:
+    schema = {
+        "type": "object", "$defs": {"tag": {"type": "string"}},
+        "properties": {
+            "name": {"type": "string"}, "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+            "colour": {"enum": ["red"]}, "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}, "minItems": 10},
+            "n": {"type": "integer", "minimum": 3}, "big": {"type": "number", "exclusiveMinimum": 10**13},
+            "either": {"anyOf": [{"type": "string", "maxLength": 3}, {"type": ["number", "null"]}]},
+        },
+    }  # fmt: skip
+    got = bounded(schema, max_length=20, max_items=4, magnitude=1000)
+    assert got["$defs"]["tag"] == {"type": "string", "maxLength": 20}
+    props = got["properties"]
+    assert props["name"] == {"type": "string", "maxLength": 20}
+    assert props["code"] == schema["properties"]["code"] and props["colour"] == {"enum": ["red"]}
+    assert props["tags"]["maxItems"] == 10  # at least its minItems
+    assert props["n"] == {"type": "integer", "minimum": 3, "maximum": 1000}
+    assert props["big"] == {"type": "number", "exclusiveMinimum": 10**13, "maximum": 10**13 + 1}
+    assert props["either"]["anyOf"] == [{"type": "string", "maxLength": 3},
+                                        {"type": ["number", "null"], "maximum": 1000, "minimum": -1000}]  # fmt: skip
+    assert schema["properties"]["name"] == {"type": "string"}  # a copy: the caller's schema untouched
+
+
+def test_bounded_outputs_are_valid_against_the_original(gpt: torch.nn.Module, tokenizer: Tokenizer) -> None:
+    """What the bounded schema lets a random model write is valid against the original schema,
+    and ends within the tokens the bounds allow."""
+    prompt = torch.tensor([tokenizer.encode("{").ids])
+    eos, ended = end_of(tokenizer), 0
+    for entry in SCHEMAS:
+        narrow = bounded(entry["schema"], max_length=8, max_items=2)
+        new = generate(gpt, prompt, max_new_tokens=96, grammar=narrow, eos_token_id=eos)[0, prompt.shape[1] :].tolist()
+        if eos in new:
+            ended += 1
+            value = json.loads(tokenizer.decode(new[: new.index(eos)]))
+            jsonschema.validate(value, narrow)
+            jsonschema.validate(value, entry["schema"], format_checker=jsonschema.FormatChecker())
+    assert ended >= 2 * len(SCHEMAS) // 3  # 30 here: fractional digits, a tree's depth, any object stay open
