@@ -5,7 +5,8 @@ takes, and the microseconds of a next-token mask along a path of 64 tokens (each
 allowed token a fixed random score ranks first, so every engine walks a path it accepts). Then
 SmolLM2-135M-Instruct answering each schema's prompt with the schema as a grammar and without,
 greedy and sampled: how many answers are valid, and the tokens/s of each (:func:`validity`); and
-``attnkit serve`` under 32 concurrent requests with the schemas and without (:func:`under_load`).
+``attnkit serve`` under 32 concurrent requests with the schemas and without (:func:`under_load`),
+and the continuous batch's step at 32 rows with the masks and without (:func:`step_cost`).
 
 Engines: llguidance, xgrammar and outlines-core, each measured where it is installed
 (``pip install llguidance xgrammar outlines-core``); one that is not is reported as such. The
@@ -272,6 +273,35 @@ def under_load(schemas: list[dict]) -> dict[str, Any]:
     return {"clients": LOAD_CLIENTS, "max_tokens": LOAD_TOKENS, "rounds": rounds}
 
 
+STEP_ROWS, STEPS_TIMED = 32, 48
+
+
+def step_cost(model: Any, schemas: list[dict]) -> dict[str, Any]:
+    """The continuous batch's step at :data:`STEP_ROWS` rows (each a schema's chat prompt),
+    every row with its grammar's mask (:func:`~attnkit.generation.grammar.follow`) and without,
+    in turn, three rounds of :data:`STEPS_TIMED` steps: no row ends (no end token stops it), so
+    both time the same work but the masks."""
+    from attnkit.generation.continuous import ContinuousBatch, Request
+    from attnkit.generation.grammar import compile_grammar, follow
+    from attnkit.generation.text import chat_prompt
+
+    cfg, rows = model.config, (schemas * 2)[:STEP_ROWS]
+    prompts = [chat_prompt(model.chat_template, model.tokenizer, cfg, ask(e)) for e in rows]
+    grammars = [compile_grammar(e["schema"], model.tokenizer, cfg.vocab_size, [cfg.eos_token_id]) for e in rows]
+    seconds: dict[str, list[float]] = {"schema": [], "no schema": []}
+    for _ in range(3):
+        for name in seconds:
+            masked = name == "schema"
+            batch = ContinuousBatch(model, compile=False)
+            batch.add([Request(p, STEPS_TIMED + 1, adjust=follow(g) if masked else None)
+                       for p, g in zip(prompts, grammars, strict=True)])  # fmt: skip
+            start = time.perf_counter()
+            for _ in range(STEPS_TIMED):
+                batch.step()
+            seconds[name].append(time.perf_counter() - start)
+    return {"rows": STEP_ROWS, "steps": STEPS_TIMED, "seconds": seconds}
+
+
 def table(result: dict[str, Any]) -> str:
     rows = []
     for name, got in result["engines"].items():
@@ -297,6 +327,13 @@ def table(result: dict[str, Any]) -> str:
                         "median of 3 rounds in turn)"]  # fmt: skip
     else:
         answers_load = []
+    if "step" in result:
+        step = result["step"]
+        each = {name: 1e3 * statistics.median(runs) / step["steps"] for name, runs in step["seconds"].items()}
+        answers_load.append(f"The continuous batch's step at {step['rows']} rows, no row ending: "
+                            f"{each['schema']:.0f} ms with every row's mask, {each['no schema']:.0f} ms without "
+                            f"({each['no schema'] / each['schema']:.2f}x the speed; median of 3 rounds in "
+                            "turn)")  # fmt: skip
     speed = result.get("validity", {}).get("speed", [])
     if speed:
         tokens = sum(r["tokens"] for r in speed)
@@ -337,6 +374,7 @@ def main(argv: list[str]) -> int:
     if not args.engines_only:
         torch.set_num_threads(2)
         result["validity"] = validity(model, schemas)
+        result["step"] = step_cost(model, schemas)
         result["load"] = under_load(schemas)
     args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(table(result))
