@@ -179,7 +179,7 @@ def ask(entry: dict[str, Any]) -> list[dict[str, str]]:
                                         f"{json.dumps(entry['schema'])}"}]  # fmt: skip
 
 
-def validity(model: Any, schemas: list[dict]) -> dict[str, Any]:
+def validity(model: Any, schemas: list[dict], new_tokens: int = NEW_TOKENS) -> dict[str, Any]:
     """SmolLM2 answering every schema's prompt through its chat template, greedy and sampled
     (seed 0), with the schema as a grammar, with it :func:`~attnkit.generation.grammar.bounded`,
     and without (at most :data:`NEW_TOKENS`): per mode
@@ -208,7 +208,7 @@ def validity(model: Any, schemas: list[dict]) -> dict[str, Any]:
                 ids = chat_prompt(model.chat_template, model.tokenizer, model.config, ask(entry))
                 grammar = {"schema": entry["schema"], "no schema": None,
                            "bounded schema": grammars.bounded(entry["schema"])}[constrained]  # fmt: skip
-                new, seconds = timed(ids, max_new_tokens=NEW_TOKENS, grammar=grammar, **options)
+                new, seconds = timed(ids, max_new_tokens=new_tokens, grammar=grammar, **options)
                 text = model.tokenizer.decode(new[: new.index(eos)] if eos in new else new, skip_special_tokens=True)
                 try:
                     jsonschema.validate(json.loads(text), entry["schema"], format_checker=checker)
@@ -251,7 +251,7 @@ async def _chats(url: str, bodies: list[dict[str, Any]], clients: int) -> tuple[
         return tokens, time.perf_counter() - started
 
 
-def under_load(schemas: list[dict]) -> dict[str, Any]:
+def under_load(schemas: list[dict], clients: int = LOAD_CLIENTS, max_tokens: int = LOAD_TOKENS) -> dict[str, Any]:
     """``attnkit serve`` (SmolLM2, int8, its step eager) answering every schema's prompt twice
     over from 32 concurrent clients, greedy, with the schema as ``response_format`` and without,
     in turn, three rounds: the tokens and seconds of each."""
@@ -259,24 +259,24 @@ def under_load(schemas: list[dict]) -> dict[str, Any]:
 
     def body(entry: dict[str, Any], constrained: bool) -> dict[str, Any]:
         fmt = {"type": "json_schema", "json_schema": {"name": entry["name"], "schema": entry["schema"]}}
-        return {"messages": ask(entry), "max_tokens": LOAD_TOKENS, "temperature": 0,
+        return {"messages": ask(entry), "max_tokens": max_tokens, "temperature": 0,
                 **({"response_format": fmt} if constrained else {})}  # fmt: skip
 
     rounds: dict[str, list[tuple[int, float]]] = {"schema": [], "no schema": []}
-    flags = ["--weights", "int8", "--max-batch", str(LOAD_CLIENTS), "--no-compile"]
+    flags = ["--weights", "int8", "--max-batch", str(clients), "--no-compile"]
     with spawn(smollm2_path(), *flags, timeout=600) as (url, _, _):
         asyncio.run(_chats(url, [body(e, True) for e in schemas[:8]], 8))  # warm-up, each schema compiled once
         for _ in range(3):
             for name, constrained in (("schema", True), ("no schema", False)):
                 bodies = [body(e, constrained) for e in schemas * 2]
-                rounds[name].append(asyncio.run(_chats(url, bodies, LOAD_CLIENTS)))
-    return {"clients": LOAD_CLIENTS, "max_tokens": LOAD_TOKENS, "rounds": rounds}
+                rounds[name].append(asyncio.run(_chats(url, bodies, clients)))
+    return {"clients": clients, "max_tokens": max_tokens, "rounds": rounds}
 
 
 STEP_ROWS, STEPS_TIMED = 32, 48
 
 
-def step_cost(model: Any, schemas: list[dict]) -> dict[str, Any]:
+def step_cost(model: Any, schemas: list[dict], rows: int = STEP_ROWS, steps: int = STEPS_TIMED) -> dict[str, Any]:
     """The continuous batch's step at :data:`STEP_ROWS` rows (each a schema's chat prompt),
     every row with its grammar's mask (:func:`~attnkit.generation.grammar.follow`) and without,
     in turn, three rounds of :data:`STEPS_TIMED` steps: no row ends (no end token stops it), so
@@ -285,21 +285,21 @@ def step_cost(model: Any, schemas: list[dict]) -> dict[str, Any]:
     from attnkit.generation.grammar import compile_grammar, follow
     from attnkit.generation.text import chat_prompt
 
-    cfg, rows = model.config, (schemas * 2)[:STEP_ROWS]
-    prompts = [chat_prompt(model.chat_template, model.tokenizer, cfg, ask(e)) for e in rows]
-    grammars = [compile_grammar(e["schema"], model.tokenizer, cfg.vocab_size, [cfg.eos_token_id]) for e in rows]
+    cfg, entries = model.config, (schemas * rows)[:rows]
+    prompts = [chat_prompt(model.chat_template, model.tokenizer, cfg, ask(e)) for e in entries]
+    grammars = [compile_grammar(e["schema"], model.tokenizer, cfg.vocab_size, [cfg.eos_token_id]) for e in entries]
     seconds: dict[str, list[float]] = {"schema": [], "no schema": []}
     for _ in range(3):
         for name in seconds:
             masked = name == "schema"
             batch = ContinuousBatch(model, compile=False)
-            batch.add([Request(p, STEPS_TIMED + 1, adjust=follow(g) if masked else None)
+            batch.add([Request(p, steps + 1, adjust=follow(g) if masked else None)
                        for p, g in zip(prompts, grammars, strict=True)])  # fmt: skip
             start = time.perf_counter()
-            for _ in range(STEPS_TIMED):
+            for _ in range(steps):
                 batch.step()
             seconds[name].append(time.perf_counter() - start)
-    return {"rows": STEP_ROWS, "steps": STEPS_TIMED, "seconds": seconds}
+    return {"rows": rows, "steps": steps, "seconds": seconds}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -343,7 +343,8 @@ def table(result: dict[str, Any]) -> str:
                     f"{free_rate:.1f} without ({schema_rate / free_rate:.2f}x); a first token with a new schema "
                     f"{statistics.median(late):+.0f} ms (median; max {max(late):+.0f}) from one without"]  # fmt: skip
     return "\n".join([
-        *([f"SmolLM2-135M-Instruct (int8, eager, batch 1) answering each schema's prompt, at most {NEW_TOKENS} "
+        *([f"SmolLM2-135M-Instruct (int8, eager, batch 1) answering each schema's prompt, at most "
+           f"{result['new_tokens']} "
            "tokens", "", "| decoding | valid JSON | ended |", "|---|---|---|", *answers, ""]
           if answers else []),
         *([*answers_load, ""] if answers_load else []),
@@ -357,13 +358,16 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks grammars", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--engines-only", action="store_true", help="leave out SmolLM2's answers (minutes)")
+    parser.add_argument("--small", action="store_true", help="three schemas, a few tokens each (a check that it runs)")
     args = parser.parse_args(argv)
     import attnkit
 
     model = attnkit.from_pretrained(smollm2_path(), weights="int8")
     tok_json, eos, vocab = model.tokenizer.to_str(), model.config.eos_token_id, model.config.vocab_size
-    schemas = json.loads(SCHEMAS.read_text(encoding="utf-8"))
-    result: dict[str, Any] = {"machine": machine(), "schemas": [s["name"] for s in schemas], "engines": {}}
+    schemas = json.loads(SCHEMAS.read_text(encoding="utf-8"))[: 3 if args.small else None]
+    new_tokens = 12 if args.small else NEW_TOKENS
+    result: dict[str, Any] = {"machine": machine(), "schemas": [s["name"] for s in schemas], "new_tokens": new_tokens,
+                              "engines": {}}  # fmt: skip
     for name in ENGINES:
         if importlib.util.find_spec(name) is None:
             result["engines"][name] = {"missing": True}
@@ -373,9 +377,9 @@ def main(argv: list[str]) -> int:
         print(f"{name}: done", flush=True)
     if not args.engines_only:
         torch.set_num_threads(2)
-        result["validity"] = validity(model, schemas)
-        result["step"] = step_cost(model, schemas)
-        result["load"] = under_load(schemas)
+        result["validity"] = validity(model, schemas, new_tokens)
+        result["step"] = step_cost(model, schemas, *((4, 3) if args.small else ()))
+        result["load"] = under_load(schemas, *((2, 8) if args.small else ()))
     args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(table(result))
     return 0

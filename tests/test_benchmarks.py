@@ -409,3 +409,26 @@ def test_grammars_walks_every_schema_with_each_engine_installed(smollm2_gguf: Pa
         f"| llguidance {numbers['engines']['llguidance']['version']} | {len(schemas)} of {len(schemas)} |"
         in result.stdout
     )
+
+
+@pytest.mark.slow
+def test_grammars_small_answers_with_and_without_schemas_and_under_load(smollm2_gguf: Path, tmp_path: Path) -> None:
+    """``python -m benchmarks grammars --small``: SmolLM2's answers in every mode, each judged by
+    jsonschema; the step with masks and without; the server under load; all in the table."""
+    pytest.importorskip("llguidance")
+    pytest.importorskip("jsonschema")
+    out = tmp_path / "grammars.json"
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "grammars", "--small", "--out", str(out)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    numbers = json.loads(out.read_text())
+    modes = {f"{m}, {c}" for m in ("greedy", "sampled") for c in ("schema", "no schema", "bounded schema")}
+    assert set(numbers["validity"]) == {*modes, "speed"}
+    assert all(len(rows) == 3 and all(r["tokens"] <= 12 for r in rows) for m, rows in numbers["validity"].items()
+               if m != "speed")  # fmt: skip
+    assert all(len(runs) == 3 for runs in [*numbers["step"]["seconds"].values(), *numbers["load"]["rounds"].values()])
+    assert (
+        "valid JSON" in result.stdout
+        and "concurrent chat requests" in result.stdout
+        and "rows, no row" in result.stdout
+    )
