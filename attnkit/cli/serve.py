@@ -50,6 +50,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-batch", type=int, default=32, metavar="N", help="rows decoded together (32)")
     parser.add_argument("--max-queue", type=int, default=256, metavar="N", help="requests waiting; more get 429 (256)")
     parser.add_argument(
+        "--bound-schemas", action="store_true",
+        help="close what a response_format schema or a tool's parameters leave open (strings 64 characters, arrays 8 "
+        "items, numbers within 1e12; only values the schema allows), so that a small model that repeats inside a "
+        "string or a list still ends within max_tokens",
+    )  # fmt: skip
+    parser.add_argument(
         "--max-new-tokens", type=int, metavar="N", help="most new tokens a request asks (default: the model's context)"
     )
     parser.add_argument(
@@ -117,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.model} is {what} and generates nothing to serve; label texts with attnkit classify")
     limits = Limits(
         max_body_bytes=args.max_body_bytes, max_input_tokens=args.max_input_tokens, max_new_tokens=args.max_new_tokens,
-        max_beams=args.max_beams, max_batch=args.max_batch, max_queue=args.max_queue,
+        max_beams=args.max_beams, max_batch=args.max_batch, max_queue=args.max_queue, bound_schemas=args.bound_schemas,
     )  # fmt: skip
     name = args.name or Path(args.model).resolve().name
     compile = _compile(args.compile, model)

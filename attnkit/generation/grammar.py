@@ -83,7 +83,8 @@ def bounded(schema: dict[str, Any], max_length: int = MAX_LENGTH, max_items: int
     """A copy of a JSON ``schema`` whose open ends are closed: a string with no ``maxLength``,
     ``enum``, ``const``, ``pattern`` or ``format`` gets ``maxLength`` ``max_length``, an array
     with no ``maxItems`` gets ``max_items`` (at least its ``minItems``), a number with no bound
-    on a side is bounded at ± ``magnitude``. Every value it allows the original allows; a small
+    on a side is bounded at ± ``magnitude``, an object that declares its properties and says
+    nothing of others takes no others. Every value it allows the original allows; a small
     model that repeats inside a string, a list or a number's digits then ends within a budget
     of tokens (docs/serving.md measures it). A number's fractional digits stay open."""
 
@@ -104,6 +105,8 @@ def bounded(schema: dict[str, Any], max_length: int = MAX_LENGTH, max_items: int
         types = set(types) if isinstance(types, list) else {types}
         if "string" in types and not {"maxLength", "enum", "const", "pattern", "format"} & out.keys():
             out["maxLength"] = max(max_length, out.get("minLength", 0))
+        if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+            out["additionalProperties"] = False  # no undeclared keys: a model may add them without end
         if "array" in types and "maxItems" not in out:
             out["maxItems"] = max(max_items, out.get("minItems", 0))
         if types & {"integer", "number"} and not {"enum", "const"} & out.keys():

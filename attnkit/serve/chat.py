@@ -42,7 +42,7 @@ class Chat(CompletionApi):
         ids = conversation_ids(self, template, messages)
         s = self.sampling(body, body.get("max_completion_tokens", body.get("max_tokens")), 1)
         if tools is not None:
-            s.grammar, s.tool_calls = self.compiled(tools.grammar(), "tools"), True
+            s.grammar, s.tool_calls = self.compiled(tools.grammar(self.state.limits.bound_schemas), "tools"), True
         if body.get("logprobs", False):
             s.top_logprobs = body.get("top_logprobs", 0)
             in_range("top_logprobs", s.top_logprobs, 0, MAX_TOP_LOGPROBS)

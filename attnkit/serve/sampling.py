@@ -152,7 +152,7 @@ class CompletionApi(Api):
                            param="stream_options")  # fmt: skip
         model = self.state.model
         grammar = response_grammar(body.get("response_format"), self.tokenizer, model.config.vocab_size,
-                                   model.config.eos_token_id)  # fmt: skip
+                                   model.config.eos_token_id, limits.bound_schemas)  # fmt: skip
         return Sampling(
             max_tokens, float(temperature), float(top_p), n, body.get("seed"), stops,
             float(body.get("frequency_penalty", 0.0)), float(body.get("presence_penalty", 0.0)),

@@ -39,6 +39,7 @@ class Limits:
     max_beams: int = 8
     max_batch: int = 32  # rows decoded together, and texts in one request
     max_queue: int = 256  # requests waiting for the model
+    bound_schemas: bool = False  # structured outputs and tool arguments: a schema's open ends closed (bounded)
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnkit.generation.grammar import Compiled, Grammar, GrammarError, compile_grammar
+from attnkit.generation.grammar import Compiled, Grammar, GrammarError, bounded, compile_grammar
 from attnkit.serve.schema import ApiError
 
 FORMATS = ("text", "json_object", "json_schema")
 
 
-def response_grammar(value: Any, tokenizer: Any, vocab_size: int, eos: int | None) -> Compiled | None:
-    """The compiled grammar of a request's ``response_format`` (None: free text)."""
+def response_grammar(
+    value: Any, tokenizer: Any, vocab_size: int, eos: int | None, bound: bool = False
+) -> Compiled | None:
+    """The compiled grammar of a request's ``response_format`` (None: free text); ``bound``:
+    its schema's open ends closed (:func:`~attnkit.generation.grammar.bounded`)."""
     if value is None:
         return None
     where = "response_format"
@@ -40,7 +43,7 @@ def response_grammar(value: Any, tokenizer: Any, vocab_size: int, eos: int | Non
         schema = spec.get("schema", {"type": "object"})  # OpenAI's default: any object
         if not isinstance(schema, dict):
             raise ApiError(400, f"{where} must be a JSON object, got {type(schema).__name__}", param=where)
-        grammar = Grammar.json_schema(schema)
+        grammar = Grammar.json_schema(bounded(schema) if bound else schema)
     if eos is None:
         raise ApiError(400, f"{where}: this server's model has no end token to end a structured answer with",
                        param=where)  # fmt: skip

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from attnkit.generation.grammar import JSON_FORMAT, Grammar
+from attnkit.generation.grammar import JSON_FORMAT, Grammar, bounded
 from attnkit.serve.schema import ApiError
 
 OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>\n"
@@ -49,12 +49,14 @@ class Tools:
         """The system message that lists the tools and how to call them."""
         return PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in self.listed))
 
-    def grammar(self) -> Grammar:
+    def grammar(self, bound: bool = False) -> Grammar:
         """What the answer may be: calls of the tools that may be called (their arguments
-        valid), or, with "auto", a text that does not begin with ``<``."""
+        valid; ``bound``: within :func:`~attnkit.generation.grammar.bounded`), or, with "auto", a
+        text that does not begin with ``<``."""
         names = list(self.parameters) if self.choice in ("auto", "required") else [self.choice]
+        arguments = {name: bounded(self.parameters[name]) if bound else self.parameters[name] for name in names}
         call = {"x-guidance": JSON_FORMAT, "anyOf": [
-            {"type": "object", "properties": {"name": {"const": name}, "arguments": self.parameters[name]},
+            {"type": "object", "properties": {"name": {"const": name}, "arguments": arguments[name]},
              "required": ["name", "arguments"], "additionalProperties": False} for name in names]}  # fmt: skip
         rules = [
             f"start: calls{' | text' if self.choice == 'auto' else ''}",

@@ -224,6 +224,7 @@ def test_bounded_closes_every_open_end_and_keeps_the_rest() -> None:
         },
     }  # fmt: skip
     got = bounded(schema, max_length=20, max_items=4, magnitude=1000)
+    assert got["additionalProperties"] is False  # it declares its properties and said nothing of others
     assert got["$defs"]["tag"] == {"type": "string", "maxLength": 20}
     props = got["properties"]
     assert props["name"] == {"type": "string", "maxLength": 20}

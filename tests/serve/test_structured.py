@@ -118,3 +118,20 @@ def test_a_format_the_server_cannot_keep_is_refused_by_name(
     body = {"messages": MESSAGES, "max_tokens": 4, "response_format": response_format}
     error_of(client.post("/v1/chat/completions", json=body), status, fragment, param)
     assert client.get("/health").status_code == 200
+
+
+def test_a_server_that_bounds_schemas_keeps_answers_short(gpt: Model) -> None:
+    """``--bound-schemas`` (Limits.bound_schemas): the answer is generate's under the bounded
+    schema, its string within 64 characters, valid against the schema as sent."""
+    from attnkit.generation.grammar import bounded
+
+    open_ended = {"type": "object", "properties": {"said": {"type": "string"}}, "required": ["said"],
+                  "additionalProperties": False}  # fmt: skip
+    fmt = {"type": "json_schema", "json_schema": {"name": "said", "schema": open_ended}}
+    body = {"messages": MESSAGES, "max_tokens": 64, "temperature": 0, "response_format": fmt}
+    with TestClient(create_app(gpt, "tiny-gpt", Limits(max_new_tokens=64, bound_schemas=True))) as client:
+        choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    ids = chat_prompt(gpt.chat_template, gpt.tokenizer, gpt.config, MESSAGES)
+    expected = continuation(gpt, ids, 64, grammar=bounded(open_ended))
+    assert choice["message"]["content"] == gpt.tokenizer.decode(expected, skip_special_tokens=True)
+    assert choice["finish_reason"] == "stop" and len(valid(choice["message"]["content"], open_ended)["said"]) <= 64

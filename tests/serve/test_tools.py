@@ -160,3 +160,19 @@ def test_tools_the_server_cannot_call_are_refused_by_name(
     completions = client.post("/v1/completions", json={"prompt": "x", "tools": TOOLS})
     error_of(completions, 400, "the completions API has no tool calls", "tools")
     assert client.get("/health").status_code == 200
+
+
+def test_a_server_that_bounds_schemas_bounds_the_arguments(gpt: Model) -> None:
+    from attnkit.generation.grammar import bounded
+
+    free = {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]}
+    tool = {"type": "function", "function": {"name": "write", "parameters": free}}
+    body = {"messages": MESSAGES, "tools": [tool], "tool_choice": "required", "parallel_tool_calls": False,
+            "max_tokens": 240, "temperature": 0}  # fmt: skip  # 64 characters take many of this tokenizer's tokens
+    with TestClient(create_app(gpt, "tiny-gpt", Limits(max_new_tokens=240, bound_schemas=True))) as client:
+        choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    arguments = json.loads(call["function"]["arguments"])
+    jsonschema.validate(arguments, bounded(free))
+    jsonschema.validate(arguments, free)
