@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from attnkit.generation.grammar import unpack
 from benchmarks.common import machine, smollm2_path
 
 SCHEMAS = Path(__file__).with_name("schemas.json")
@@ -54,7 +55,7 @@ def _llguidance(tok_json: str, eos: int, vocab: int) -> Callable[[dict], Matcher
 
         def allowed() -> torch.Tensor:
             llt.fill_next_token_bitmask(matcher, bits)
-            return _unpack(bits[0], vocab)
+            return unpack(bits, vocab)[0]
 
         return allowed, lambda t: _check(matcher.consume_token(t), t)
 
@@ -75,7 +76,7 @@ def _xgrammar(tok_json: str, eos: int, vocab: int) -> Callable[[dict], Matcher]:
 
         def allowed() -> torch.Tensor:
             matcher.fill_next_token_bitmask(bits)
-            return _unpack(bits[0], vocab)
+            return unpack(bits, vocab)[0]
 
         return allowed, lambda t: _check(matcher.accept_token(t), t)
 
@@ -116,12 +117,6 @@ def _byte_decoder() -> dict[str, int]:
             chars.append(256 + extra)
             extra += 1
     return {chr(c): b for b, c in zip(visible, chars, strict=True)}
-
-
-def _unpack(words: torch.Tensor, vocab: int) -> torch.Tensor:
-    """A packed int32 bitmask (⌈V/32⌉,) as bools (V,)."""
-    bits = (words.unsqueeze(1) >> torch.arange(32, dtype=torch.int32)) & 1
-    return bits.flatten()[:vocab].bool()
 
 
 def _check(accepted: bool, token: int) -> None:

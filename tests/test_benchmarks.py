@@ -387,15 +387,20 @@ def test_the_best_checkpoint_is_the_lowest_validation_loss_and_the_later_ones_go
     assert keep_best(improving) == (10, 2.0) and len(complete_checkpoints(improving)) == 5
 
 
+def grammars(tmp_path: Path, flag: str, timeout: int) -> tuple[str, dict]:
+    """``python -m benchmarks grammars FLAG``: its table and its results."""
+    pytest.importorskip("llguidance")
+    out = tmp_path / "grammars.json"
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "grammars", flag, "--out", str(out)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout, json.loads(out.read_text())
+
+
 def test_grammars_walks_every_schema_with_each_engine_installed(smollm2_gguf: Path, tmp_path: Path) -> None:
     """``python -m benchmarks grammars --engines-only``: every committed schema compiled and
     walked by llguidance (attnkit's engine), each other engine measured or said missing."""
-    pytest.importorskip("llguidance")
-    out = tmp_path / "grammars.json"
-    result = subprocess.run([sys.executable, "-m", "benchmarks", "grammars", "--engines-only", "--out", str(out)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    numbers = json.loads(out.read_text())
+    stdout, numbers = grammars(tmp_path, "--engines-only", 300)
     schemas = numbers["schemas"]
     assert len(schemas) >= 30 and "validity" not in numbers
     walked = numbers["engines"]["llguidance"]["schemas"]
@@ -405,30 +410,18 @@ def test_grammars_walks_every_schema_with_each_engine_installed(smollm2_gguf: Pa
         assert (
             got == {"missing": True} if importlib.util.find_spec(name) is None else set(got["schemas"]) == set(schemas)
         )
-    assert (
-        f"| llguidance {numbers['engines']['llguidance']['version']} | {len(schemas)} of {len(schemas)} |"
-        in result.stdout
-    )
+    assert f"| llguidance {numbers['engines']['llguidance']['version']} | {len(schemas)} of {len(schemas)} |" in stdout
 
 
 @pytest.mark.slow
 def test_grammars_small_answers_with_and_without_schemas_and_under_load(smollm2_gguf: Path, tmp_path: Path) -> None:
     """``python -m benchmarks grammars --small``: SmolLM2's answers in every mode, each judged by
     jsonschema; the step with masks and without; the server under load; all in the table."""
-    pytest.importorskip("llguidance")
     pytest.importorskip("jsonschema")
-    out = tmp_path / "grammars.json"
-    result = subprocess.run([sys.executable, "-m", "benchmarks", "grammars", "--small", "--out", str(out)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    numbers = json.loads(out.read_text())
+    stdout, numbers = grammars(tmp_path, "--small", 600)
     modes = {f"{m}, {c}" for m in ("greedy", "sampled") for c in ("schema", "no schema", "bounded schema")}
     assert set(numbers["validity"]) == {*modes, "speed"}
     assert all(len(rows) == 3 and all(r["tokens"] <= 12 for r in rows) for m, rows in numbers["validity"].items()
                if m != "speed")  # fmt: skip
     assert all(len(runs) == 3 for runs in [*numbers["step"]["seconds"].values(), *numbers["load"]["rounds"].values()])
-    assert (
-        "valid JSON" in result.stdout
-        and "concurrent chat requests" in result.stdout
-        and "rows, no row" in result.stdout
-    )
+    assert "valid JSON" in stdout and "concurrent chat requests" in stdout and "rows, no row" in stdout

@@ -199,12 +199,12 @@ def compile_grammar(
         return _compiled[key]
     build = {"json_schema": engine.LLMatcher.grammar_from_json_schema, "regex": engine.LLMatcher.grammar_from_regex,
              "lark": engine.LLMatcher.grammar_from_lark}[grammar.kind]  # fmt: skip
+    what = grammar.kind.replace("_", " ")
     try:
         source = (build(json.loads(grammar.text), overrides=JSON_FORMAT) if grammar.kind == "json_schema"
                   else build(grammar.text))  # fmt: skip
     except (ValueError, TypeError) as e:
-        raise GrammarError(f"the {grammar.kind.replace('_', ' ')} cannot be compiled: {e}") from None
-    what = grammar.kind.replace("_", " ")
+        raise GrammarError(f"the {what} cannot be compiled: {e}") from None
     if error := engine.LLMatcher.validate_grammar(source, lltok):
         raise GrammarError(f"the {what} cannot be compiled: {error}")
     compiled = Compiled(grammar, source, lltok, vocab_size, tuple(ends))
@@ -247,11 +247,6 @@ class Follower:
         """The output is complete and has taken its end token (or was refused one)."""
         return self.refused is not None or self.matcher.is_stopped()
 
-    @property
-    def complete(self) -> bool:
-        """What was produced so far is a whole output of the grammar."""
-        return self.matcher.is_accepting()
-
     def advance(self, tokens: Sequence[int]) -> None:
         """Consume ``tokens[self.read:]``, the output's tokens since the last call."""
         for token in tokens[self.read :]:
@@ -278,13 +273,24 @@ class Follower:
         """After the output ``tokens``, the tokens that keep it inside the grammar (V,) bool:
         only the end tokens once it is complete and can go no further."""
         self.advance(tokens)
-        if self.stopped:
-            allowed = torch.zeros(self.compiled.vocab_size, dtype=torch.bool)
-            allowed[list(self.compiled.ends)] = True
-            return allowed
-        words = torch.zeros(1, (self.compiled.vocab_size + 31) // 32, dtype=torch.int32)
-        self.mask_into(words[0])
-        return unpack(words, self.compiled.vocab_size)[0]
+        return allowed_rows(self.compiled, [self])[0]
+
+
+def allowed_rows(compiled: Compiled, followers: Sequence[Follower | None]) -> Tensor:
+    """Each row's allowed next tokens (N, V) bool: the grammar's mask; only the end tokens for a
+    row that is stopped; none for a row with no follower or one the grammar refused."""
+    words = torch.zeros(len(followers), (compiled.vocab_size + 31) // 32, dtype=torch.int32)
+    stopped = torch.zeros(len(followers), dtype=torch.bool)
+    for row, follower in enumerate(followers):
+        if follower is None or follower.refused is not None:
+            continue
+        if follower.stopped:
+            stopped[row] = True
+        else:
+            follower.mask_into(words[row])
+    allowed = unpack(words, compiled.vocab_size)
+    allowed[stopped.nonzero()[:, 0][:, None], torch.tensor(compiled.ends)] = True  # only an end token
+    return allowed
 
 
 def follow(compiled: Compiled, then: Adjust | None = None) -> Adjust:
@@ -327,20 +333,9 @@ def constrained(compiled: Compiled, read_before: int) -> Constraint:
                 now[kid] = state if i == len(kids) - 1 else state.copy()
                 now[kid].advance(kid)
         states = now
-        words = torch.zeros(len(outputs), (compiled.vocab_size + 31) // 32, dtype=torch.int32)
-        complete = torch.zeros(len(outputs), dtype=torch.bool)
-        for row, output in enumerate(outputs):
-            state = now.get(output)
-            if state is None or state.refused is not None:
-                continue  # no token allowed
-            if state.stopped:
-                complete[row] = True
-            else:
-                state.mask_into(words[row])
-        allowed = unpack(words, compiled.vocab_size)
-        allowed[complete.nonzero()[:, 0][:, None], torch.tensor(compiled.ends)] = True  # only an end token
-        masked = scores.masked_fill(~allowed.to(scores.device), float("-inf"))
-        followed = torch.tensor([o in now and now[o].refused is None for o in outputs], device=scores.device)
+        rows = [now.get(output) for output in outputs]
+        masked = scores.masked_fill(~allowed_rows(compiled, rows).to(scores.device), float("-inf"))
+        followed = torch.tensor([r is not None and r.refused is None for r in rows], device=scores.device)
         stuck = followed & ~(masked > float("-inf")).any(dim=-1)  # (N,): the earlier constraints banned all it allows
         if bool(stuck.any()):
             row = int(stuck.nonzero()[0, 0])

@@ -11,11 +11,11 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from attnkit.generation.continuous import Scored
-from attnkit.generation.grammar import Compiled, Grammar, GrammarError, compile_grammar
 from attnkit.generation.text import TemplateRefusalError, chat_prompt
 from attnkit.serve.handling import Api
 from attnkit.serve.sampling import Choice, CompletionApi, Delta, Sampling
 from attnkit.serve.schema import ApiError, in_range
+from attnkit.serve.structured import compiled_for
 from attnkit.serve.tools import Tools, as_text, calls_of, read_tools, response
 
 # OpenAI's bound on the likeliest tokens listed per token.
@@ -42,7 +42,8 @@ class Chat(CompletionApi):
         ids = conversation_ids(self, template, messages)
         s = self.sampling(body, body.get("max_completion_tokens", body.get("max_tokens")), 1)
         if tools is not None:
-            s.grammar, s.tool_calls = self.compiled(tools.grammar(self.state.limits.bound_schemas), "tools"), True
+            grammar = tools.grammar(self.state.limits.bound_schemas)
+            s.grammar, s.tool_calls = compiled_for(grammar, self.tokenizer, self.state.model.config, "tools"), True
         if body.get("logprobs", False):
             s.top_logprobs = body.get("top_logprobs", 0)
             in_range("top_logprobs", s.top_logprobs, 0, MAX_TOP_LOGPROBS)
@@ -50,13 +51,6 @@ class Chat(CompletionApi):
             raise ApiError(422, "top_logprobs needs logprobs: true", param="top_logprobs")
         choices = self.choices([ids], s)
         return await self.answer(request, [ids], choices, s)
-
-    def compiled(self, grammar: Grammar, field: str) -> Compiled:
-        config = self.state.model.config
-        try:
-            return compile_grammar(grammar, self.tokenizer, config.vocab_size, [config.eos_token_id])
-        except GrammarError as e:
-            raise ApiError(400, f"{field}: {e}", param=field) from None
 
     def opening(self, choice: Choice, s: Sampling) -> dict[str, Any] | None:
         return {"index": choice.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,

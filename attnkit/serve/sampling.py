@@ -150,9 +150,8 @@ class CompletionApi(Api):
         if not isinstance(include_usage, bool):
             raise ApiError(422, f"stream_options.include_usage must be true or false, got {include_usage}",
                            param="stream_options")  # fmt: skip
-        model = self.state.model
-        grammar = response_grammar(body.get("response_format"), self.tokenizer, model.config.vocab_size,
-                                   model.config.eos_token_id, limits.bound_schemas)  # fmt: skip
+        config = self.state.model.config
+        grammar = response_grammar(body.get("response_format"), self.tokenizer, config, limits.bound_schemas)
         return Sampling(
             max_tokens, float(temperature), float(top_p), n, body.get("seed"), stops,
             float(body.get("frequency_penalty", 0.0)), float(body.get("presence_penalty", 0.0)),

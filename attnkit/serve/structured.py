@@ -9,15 +9,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnkit.config import ModelConfig
 from attnkit.generation.grammar import Compiled, Grammar, GrammarError, bounded, compile_grammar
 from attnkit.serve.schema import ApiError
 
 FORMATS = ("text", "json_object", "json_schema")
 
 
-def response_grammar(
-    value: Any, tokenizer: Any, vocab_size: int, eos: int | None, bound: bool = False
-) -> Compiled | None:
+def compiled_for(grammar: Grammar, tokenizer: Any, config: ModelConfig, where: str) -> Compiled:
+    """``grammar`` compiled for the served model; one it cannot keep to is a 400 naming ``where``."""
+    if config.eos_token_id is None:
+        raise ApiError(400, f"{where}: this server's model has no end token to end a structured answer with",
+                       param=where)  # fmt: skip
+    try:
+        return compile_grammar(grammar, tokenizer, config.vocab_size, [config.eos_token_id])
+    except GrammarError as e:
+        raise ApiError(400, f"{where}: {e}", param=where) from None
+
+
+def response_grammar(value: Any, tokenizer: Any, config: ModelConfig, bound: bool = False) -> Compiled | None:
     """The compiled grammar of a request's ``response_format`` (None: free text); ``bound``:
     its schema's open ends closed (:func:`~attnkit.generation.grammar.bounded`)."""
     if value is None:
@@ -44,10 +54,4 @@ def response_grammar(
         if not isinstance(schema, dict):
             raise ApiError(400, f"{where} must be a JSON object, got {type(schema).__name__}", param=where)
         grammar = Grammar.json_schema(bounded(schema) if bound else schema)
-    if eos is None:
-        raise ApiError(400, f"{where}: this server's model has no end token to end a structured answer with",
-                       param=where)  # fmt: skip
-    try:
-        return compile_grammar(grammar, tokenizer, vocab_size, [eos])
-    except GrammarError as e:
-        raise ApiError(400, f"{where}: {e}", param=where) from None
+    return compiled_for(grammar, tokenizer, config, where)
