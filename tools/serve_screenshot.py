@@ -1,4 +1,4 @@
-"""Regenerate the README's picture of ``attnkit serve``'s page: the demo translator serving
+"""Regenerate docs/serving.md's picture of ``attnkit serve``'s page: the demo translator serving
 one verse, its cross-attention drawn. ``python tools/serve_screenshot.py RUN [--out PNG]``;
 needs the serve and browser extras and Debian's chromium."""
 

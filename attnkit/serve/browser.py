@@ -1,5 +1,5 @@
 """The page in a real browser: Debian's headless Chromium driven through chromedriver by
-selenium (the ``browser`` extra), nothing downloaded. For the page's test and the README's
+selenium (the ``browser`` extra), nothing downloaded. For the page's test and docs/serving.md's
 screenshot (``python tools/serve_screenshot.py``)."""
 
 from __future__ import annotations
