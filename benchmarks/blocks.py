@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from attnkit import kernels
+from attnkit.kernels import build
 from benchmarks.common import Comparison, compare
 
 SHAPES = {"SmolLM2 q": (576, 576), "SmolLM2 gate": (1536, 576), "SmolLM2 down": (576, 1536), "Marian FFN": (2048, 512)}
@@ -20,12 +21,12 @@ CALLS = 50  # products per timing: one takes microseconds
 
 
 def _products(x: torch.Tensor, fmt: str, weight: tuple, dense_rows: int) -> None:
-    kernels.DENSE_ROWS, saved = dense_rows, kernels.DENSE_ROWS
+    build.DENSE_ROWS, saved = dense_rows, build.DENSE_ROWS
     try:
         for _ in range(CALLS):
             kernels.block_matmuls(x, fmt, [weight], kernel=kernels.native())
     finally:
-        kernels.DENSE_ROWS = saved
+        build.DENSE_ROWS = saved
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor) -> None:

@@ -134,3 +134,14 @@ def test_import_attnkit_and_loading_leave_dynamo_and_distributed_checkpoint_alon
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_building_a_kernel_knows_nothing_of_its_op() -> None:
+    """kernels.build compiles and loads the C code; kernels.ops registers the op and multiplies
+    through it: the building imports neither the op nor anything that uses it."""
+    graph = import_graph()
+    for module in ("attnkit.kernels.build", "attnkit.kernels.blocks"):
+        bad = sorted(
+            t for t in graph[module] if t.startswith(("attnkit.kernels.ops", "attnkit.kernels.gemm", "attnkit.nn"))
+        )
+        assert not bad, f"{module} imports {bad}"

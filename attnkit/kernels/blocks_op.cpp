@@ -34,7 +34,7 @@ void check_status(int status) {
                 ": 1 = k not a multiple of 32, 2 = no memory, 3 = unknown format, 4 = more than 8 weights)");
 }
 
-// x (m, k) fp32 times the weights' blocks side by side: (m, sum n_i), as kernels._run_ctypes.
+// x (m, k) fp32 times the weights' blocks side by side: (m, sum n_i), as kernels.ops._run_ctypes.
 at::Tensor block_matmul(const at::Tensor &x, std::string_view format, at::TensorList data, at::TensorList d,
                         at::TensorList mins, at::TensorList packed) {
     const int code = format_code(format);

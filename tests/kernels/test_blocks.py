@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 from attnkit import kernels
-from attnkit.kernels import blocks
+from attnkit.kernels import blocks, build, ops
 
 needs_c = pytest.mark.skipif(not kernels.available(), reason="this machine cannot build or run its C kernel")
 
@@ -114,7 +114,7 @@ def test_packing_rearranges_the_blocks(fmt: str) -> None:
 
 @needs_c
 def test_the_c_kernel_and_pack_agree_on_a_packed_groups_size() -> None:
-    size = kernels._library().attnkit_packed_bytes  # what the op's C++ kernel counts rows by
+    size = ops._library().attnkit_packed_bytes  # what the op's C++ kernel counts rows by
     size.restype = ctypes.c_int64
     for code, fmt in enumerate(kernels.FORMATS):
         assert size(code) == kernels.packed_bytes(fmt) == {"q8_0": 272, "q4_0": 160, "q4_1": 160}[fmt]
@@ -256,40 +256,40 @@ def test_a_kernel_that_cannot_run_is_named_in_one_line(tmp_path: Path, monkeypat
         kernels.block_matmul(x, "q4_1", *kernels.quantize(torch.ones(4, 32), "q4_1")[:2])
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CC", "no-such-compiler")
-    kernels._build.cache_clear()
-    kernels._auto.cache_clear()
+    build.c_library.cache_clear()
+    ops._auto.cache_clear()
     try:
-        if not kernels.cpu_flags() >= kernels.FEATURES[kernels.native()]:
+        if not build.cpu_flags() >= kernels.FEATURES[kernels.native()]:
             pytest.skip("this CPU lacks a feature its kernel needs: that is the error, tested below")
         with pytest.raises(kernels.KernelUnavailableError, match="there is no C compiler \\('no-such-compiler'\\)"):
             kernels.block_matmul(x, "q8_0", *weight, kernel=kernels.native())
         reference = kernels.block_matmul(x, "q8_0", *weight, kernel="reference")
         assert_close(kernels.block_matmul(x, "q8_0", *weight), reference)  # auto falls back
     finally:
-        kernels._build.cache_clear()
-        kernels._auto.cache_clear()
+        build.c_library.cache_clear()
+        ops._auto.cache_clear()
     if not kernels.FEATURES[kernels.native()]:
         return  # ARM64's kernel needs no flag: AArch64 always has NEON
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"sse2"}))
+    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset({"sse2"}))
     needs = ", ".join(sorted(kernels.FEATURES[kernels.native()]))
     try:
         with pytest.raises(kernels.KernelUnavailableError, match=f"needs {needs}, which this CPU lacks"):
             kernels.block_matmul(x, "q8_0", *weight, kernel=kernels.native())
     finally:
-        kernels._build.cache_clear()
+        build.c_library.cache_clear()
 
 
 @needs_c
 @pytest.mark.parametrize("fmt", kernels.FORMATS)
 @pytest.mark.parametrize("m", [1, 8, kernels.DENSE_ROWS + 3])
 def test_the_ops_python_kernel_equals_its_cpp_kernel(fmt: str, m: int) -> None:
-    """The op's two CPU kernels (C++ where it builds, :func:`kernels._run_ctypes` where it does not)
+    """The op's two CPU kernels (C++ where it builds, :func:`ops._run_ctypes` where it does not)
     call the same C code: equal outputs, packed and unpacked weights side by side."""
     x, first, _ = operands(fmt, m, 37, 100, seed=1)
     second = operands(fmt, m, 129, 100, seed=2)[1]
     weights = [first, kernels.split(fmt, *second)]
-    lists = kernels._lists(weights)
-    python = kernels._run_ctypes(x, fmt, *lists)
+    lists = ops._lists(weights)
+    python = ops._run_ctypes(x, fmt, *lists)
     assert_close(torch.ops.attnkit.block_matmul(x, fmt, *lists), python, atol=0, rtol=0)
     expected = kernels.block_matmuls(x, fmt, weights, kernel="reference")
     assert_close(python, expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
@@ -299,11 +299,12 @@ FALLBACK = """
 import logging, torch
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 from attnkit import kernels
+from attnkit.kernels import ops
 x = torch.randn(3, 64)
 weight = kernels.quantize(torch.randn(40, 64), "q4_0")
 got = kernels.block_matmuls(x, "q4_0", [kernels.split("q4_0", *weight)])
 torch.testing.assert_close(got, kernels.block_matmul(x, "q4_0", *weight, kernel="reference"))
-print(kernels._register())
+print(ops._register())
 """
 
 
@@ -319,7 +320,7 @@ def test_without_a_cpp_compiler_the_op_runs_its_python_kernel(tmp_path: Path) ->
 @needs_c
 def test_the_cpp_kernel_refuses_what_the_c_code_cannot_take() -> None:
     x, weight, _ = operands("q8_0", 1, 8, 64)
-    lists = kernels._lists([weight])
+    lists = ops._lists([weight])
     with pytest.raises(RuntimeError, match="format=q5_k is not a block format; use one of q8_0, q4_0, q4_1"):
         torch.ops.attnkit.block_matmul(x, "q5_k", *lists)
     with pytest.raises(RuntimeError, match="block_matmul takes x \\(m, k\\) in fp32"):

@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.testing import assert_close
 
 from attnkit import kernels
-from attnkit.kernels import blocks
+from attnkit.kernels import blocks, build
 
 CC, QEMU, OBJDUMP = "aarch64-linux-gnu-gcc", "qemu-aarch64", "aarch64-linux-gnu-objdump"
 pytestmark = [
@@ -108,15 +108,15 @@ def test_on_arm64_the_kernel_builds_for_the_cpu(tmp_path: Path, monkeypatch: pyt
     where the CPU lists ``asimddp`` and without where it lists nothing (a Mac has no
     /proc/cpuinfo), which this machine then cannot load: the one-line error says so."""
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset(flags))
     monkeypatch.setenv("CC", CC)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    kernels._build.cache_clear()
+    build.c_library.cache_clear()
     try:
         assert kernels.native() == "neon"
-        built = kernels._build()
+        built = build.c_library()
     finally:
-        kernels._build.cache_clear()
+        build.c_library.cache_clear()
     assert isinstance(built, kernels.KernelUnavailableError)
     assert str(built).startswith("the NEON block kernel cannot be loaded from"), built
     (library,) = (tmp_path / "attnkit" / "kernels").glob("blocks-neon-*.so")
