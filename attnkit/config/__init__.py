@@ -1,11 +1,12 @@
 """The configs: frozen, validated dataclasses for the model (:mod:`~attnkit.config.model`) and
 the training run (:mod:`~attnkit.config.run`), the named presets
-(:mod:`~attnkit.config.presets`), and configs from JSON, YAML and the command line's
-typed overrides (:mod:`~attnkit.config.parsing`). Pure Python: the command line reads it
-without torch.
+(:mod:`~attnkit.config.presets`), configs from JSON, YAML and the command line's typed
+overrides (:mod:`~attnkit.config.parsing`), and the Bibles' tables a run is checked against
+(:mod:`~attnkit.config.bible`). Pure Python, importing nothing else of attnkit: the command line
+reads it without torch, and every other room may import it.
 
-Its modules import one way: typed imports none of them, model imports typed, run imports model,
-presets and parsing import model and run.
+Its modules import one way: typed and bible import none of them, model imports typed, run
+imports model and bible, presets and parsing import model and run.
 """
 
 from attnkit.config.model import UNUSED, Family, ModelConfig, Positional, from_dict

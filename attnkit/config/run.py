@@ -9,6 +9,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from attnkit.config.bible import check_tasks, language_weights
 from attnkit.config.model import ModelConfig, from_dict
 from attnkit.config.typed import build, check_types
 
@@ -138,7 +139,7 @@ class DataConfig:
     target: str = "l"  # bible: target translation (l = Louis Segond 1910); numbers: target language
     bibles: tuple[str, ...] = ("k", "4")  # bible, language models: the translations read as plain text
     # bible, translation: text-to-text tasks trained together instead of source -> target, each
-    # source prefixed with its task as T5's are (attnkit.data.corpora.TASKS), e.g. "modernize".
+    # source prefixed with its task as T5's are (attnkit.config.bible.TASKS), e.g. "modernize".
     tasks: tuple[str, ...] = ()
     # bible tasks: how many times each task's training pairs are read per epoch, in data.tasks'
     # order (2 = twice; 0.5 = a seeded random half of them, the same half every epoch); () = once
@@ -184,8 +185,6 @@ class DataConfig:
         if not 0.0 < self.valid_fraction < 0.5:
             raise ValueError(f"data.valid_fraction must be in (0, 0.5), got {self.valid_fraction}")
         if self.tasks:
-            from attnkit.data.corpora import check_tasks
-
             if self.corpus != "bible":
                 raise ValueError(
                     f"data.tasks are Bible text-to-text tasks; set data.corpus=bible (got {self.corpus!r})"
@@ -206,8 +205,6 @@ class DataConfig:
                 f"data.task_weights must all be > 0, got {list(self.task_weights)}; drop a task from data.tasks instead"
             )
         if self.tokenizer_weights:
-            from attnkit.data.corpora import language_weights
-
             if self.corpus != "bible":
                 raise ValueError(
                     f"data.tokenizer_weights weigh the Bibles' languages; set data.corpus=bible (got {self.corpus!r})"
