@@ -1,6 +1,7 @@
 """The house's rooms import one way: a walk over every ``import`` in attnkit (function-level
 ones too: a lazy import hides an arrow, it does not remove it) finds no cycle but the one
-allowed back-edge, and the command line parses without importing torch."""
+allowed back-edge, config (the floor) imports no other room, and the command line parses without
+importing torch."""
 
 from __future__ import annotations
 
@@ -108,6 +109,22 @@ def test_lower_rooms_do_not_reach_up() -> None:
             if module.startswith(lower):
                 bad = sorted(t for t in targets if t.startswith(upper))
                 assert not bad, f"{module} imports {bad}"
+
+
+def test_config_is_the_floor() -> None:
+    """attnkit.config imports no other room of attnkit, only its own modules: every room reads
+    configs (data checks a run's Bible tasks against config's tables, not the reverse), and the
+    command line reads them without torch."""
+    graph = import_graph()
+
+    def in_config(name: str) -> bool:
+        return name == "attnkit.config" or name.startswith("attnkit.config.")
+
+    assert "attnkit.config.bible" in graph["attnkit.config.run"]  # the walk sees the package's modules
+    for module, targets in graph.items():
+        if in_config(module):
+            bad = sorted(t for t in targets if not in_config(t))
+            assert not bad, f"{module} imports {bad}"
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["translate", "--help"], ["figures", "--help"]])

