@@ -168,7 +168,8 @@ class Model(nn.Module):
     def text_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Each text's ids with the model's tokenizer, its specials included ([CLS] ... [SEP]),
         cut to the model's positions keeping the last one."""
-        from attnkit.generation.text import encode, fit
+        from attnkit.data.tokenizer import encode_with_specials as encode
+        from attnkit.data.tokenizer import fit
 
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of strings, got one str; wrap it in a list")
@@ -184,7 +185,7 @@ class Model(nn.Module):
         """Forward passes over token-id rows in batches of similar length (little padding), of
         a model of one stack (BERT, GPT): each batch's row indices (B,), its output and its
         attention mask (B, T)."""
-        from attnkit.generation.batches import length_sorted, pad_right
+        from attnkit.data.padding import length_sorted, pad_right
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

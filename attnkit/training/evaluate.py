@@ -13,9 +13,9 @@ from tokenizers import Tokenizer
 
 from attnkit.config import RunConfig
 from attnkit.data.batching import TokenBatches
+from attnkit.data.padding import length_sorted, pad_right
 from attnkit.data.prepare import costs
 from attnkit.data.tokenizer import decode
-from attnkit.generation.batches import length_sorted, pad_right
 from attnkit.models.core import Model
 from attnkit.objectives.base import IGNORE_INDEX, Objective
 
