@@ -62,7 +62,7 @@ def load_auto(path: str | Path, job: Job | None = None) -> tuple[Model, Choice]:
     else:
         model = _load(source)
         chosen, choice = choose(model, job or _job(model))
-        if choice.weights in prepared.KEPT and getattr(model, "weights", "fp32") == "fp32":
+        if choice.weights in prepared.KEPT and model.weights == "fp32":
             prepared.write(source, job or _job(model), chosen, choice)
     if job in (None, _job(chosen)):  # from_pretrained(path, "auto") chooses alike
         remember_source(chosen, path, "auto")
