@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+import attnkit.generation  # noqa: F401  the generate() of the models it loads (Model.decoding)
 from attnkit import prepared
 from attnkit.interop.hf import load_hf
 from attnkit.models import Model, load_saved

@@ -8,11 +8,11 @@ wire them and speak the ecosystem's API at the edge (``attention_mask`` 1 = real
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -171,6 +171,9 @@ class Model(nn.Module):
     tokenizer: Tokenizer | None = None
     weights: str = "fp32"
     generation_defaults: Mapping[str, Any] = MappingProxyType({})
+    # What generate() hands over to: attnkit.generation's front, which sets itself here when it
+    # is imported. Decoding sits above the models and imports them; they never import it.
+    decoding: ClassVar[Callable[..., Tensor] | None] = None
 
     def num_parameters(self) -> int:
         """Number of distinct parameters (tied weights counted once)."""
@@ -246,12 +249,12 @@ class Model(nn.Module):
         """Greedy, beam or sampled decoding with the KV cache: see :func:`attnkit.generation.generate`.
         Options left out take the checkpoint's ``generation_config.json`` values
         (``self.generation_defaults``), as ``transformers`` does."""
-        from attnkit.generation import generate
-
-        defaults = self.generation_defaults
-        if "max_new_tokens" in options:  # an explicit length wins over the file's max_length
-            defaults = {k: v for k, v in defaults.items() if k != "max_length"}
-        return generate(self, input_ids, attention_mask, **{**defaults, **options})
+        if Model.decoding is None:
+            raise RuntimeError(
+                "model.generate decodes with attnkit.generation, which is not imported; import it first "
+                "(attnkit.from_pretrained and attnkit.build_model do)"
+            )
+        return Model.decoding(self, input_ids, attention_mask, **options)
 
     def save_pretrained(self, path: str | Path, overwrite: bool = False) -> None:
         """Write attnkit's own directory: ``config.json`` and ``model.safetensors``."""
