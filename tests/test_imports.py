@@ -110,6 +110,28 @@ def test_lower_rooms_do_not_reach_up() -> None:
                 assert not bad, f"{module} imports {bad}"
 
 
+def test_what_decodes_a_model_imports_the_room_that_decodes() -> None:
+    """``model.generate`` is attnkit.generation's, given to the models when it is imported
+    (``Model.decoding``): a module that calls it reaches attnkit.generation through its imports.
+    Model.generate itself is the models' and attnkit.models.auto runs inside attnkit.loading."""
+    graph = import_graph()
+    exempt = {"attnkit.models.core", "attnkit.models.auto"}
+    for module, path in modules().items():
+        calls = any(
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "generate"
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        )
+        if not calls or module in exempt:
+            continue
+        reached, todo = {module}, [module]
+        while todo:
+            for target in graph[todo.pop()] - reached:
+                reached.add(target)
+                todo.append(target)
+        assert any(m.startswith("attnkit.generation") for m in reached), f"{module} calls generate()"
+    assert "attnkit.generation" in graph["attnkit.loading"]
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["translate", "--help"], ["figures", "--help"]])
 def test_parsing_the_command_line_imports_no_torch(argv: list[str]) -> None:
     code = (
