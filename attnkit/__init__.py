@@ -26,9 +26,16 @@ if TYPE_CHECKING:
     from attnkit.models import build_model
 
 
+# The names that build or load models: their models decode, with the generate() that
+# attnkit.generation gives every model when it is imported (the models do not import it).
+_MAKE_MODELS = ("build_model", "from_pretrained")
+
+
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'attnkit' has no attribute {name!r}")
+    if name in _MAKE_MODELS:
+        importlib.import_module("attnkit.generation")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+import attnkit.generation  # noqa: F401  the generate() of the models it loads (Model.decoding)
 from attnkit import prepared
 from attnkit.interop.hf import load_hf
 from attnkit.models import Model, load_saved
@@ -62,7 +63,7 @@ def load_auto(path: str | Path, job: Job | None = None) -> tuple[Model, Choice]:
     else:
         model = _load(source)
         chosen, choice = choose(model, job or _job(model))
-        if choice.weights in prepared.KEPT and getattr(model, "weights", "fp32") == "fp32":
+        if choice.weights in prepared.KEPT and model.weights == "fp32":
             prepared.write(source, job or _job(model), chosen, choice)
     if job in (None, _job(chosen)):  # from_pretrained(path, "auto") chooses alike
         remember_source(chosen, path, "auto")

@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 
 import attnkit
-from attnkit.generation.batches import length_sorted, pad_right
+from attnkit.data.padding import length_sorted, pad_right
 from attnkit.machine import keep_freed_memory
 from benchmarks.common import Comparison, round_robin, smollm2_path
 from benchmarks.ct2_worker import Worker

@@ -24,6 +24,7 @@ from attnkit.config import RunConfig, apply_overrides, run_preset
 from attnkit.data.batching import TokenBatches
 from attnkit.data.prepare import Data, cost
 from attnkit.data.tokenizer import decode
+from attnkit.generation import generate
 from attnkit.models import build_model
 from attnkit.objectives.base import IGNORE_INDEX
 from attnkit.objectives.causal_lm import CausalLM
@@ -105,8 +106,8 @@ class _Side:
         tokenizer, out = self.data.tokenizer, {}
         for prompt in PROMPTS:
             ids = torch.tensor([[self.data.specials.bos, *tokenizer.encode(prompt).ids]])
-            generated = self.model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+            generated = generate(
+                self.model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
                 eos_token_id=self.data.specials.eos, pad_token_id=self.data.specials.pad,
             )  # fmt: skip
             out[prompt] = decode(tokenizer, generated[0, 1:].tolist())

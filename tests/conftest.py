@@ -15,6 +15,10 @@ from typing import Any
 import pytest
 import torch
 
+# The tests decode the models the family builders make: generate() is attnkit.generation's, which
+# gives it to every model when imported (attnkit.build_model and from_pretrained import it).
+import attnkit.generation  # noqa: F401
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist, share the cores among the workers: n workers of ``cores`` threads

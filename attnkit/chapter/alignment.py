@@ -10,6 +10,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor
 
+from attnkit.generation import generate_with_defaults
 from attnkit.models.core import EncoderDecoderModel
 
 
@@ -34,7 +35,7 @@ def cross_attention(
     cfg = model.config
     src = [*tokenizer.encode(source, add_special_tokens=False).ids, cfg.eos_token_id]
     input_ids = torch.tensor([src])
-    out = model.generate(input_ids, max_new_tokens=max_new_tokens)[0].tolist()
+    out = generate_with_defaults(model, input_ids, max_new_tokens=max_new_tokens)[0].tolist()  # model.generate
     target = out[1 : out.index(cfg.eos_token_id, 1) + 1] if cfg.eos_token_id in out[1:] else out[1:]
     decoder_input = torch.tensor([[cfg.decoder_start_token_id, *target[:-1]]])
     record = model(input_ids, decoder_input_ids=decoder_input, output_attentions=True).attentions["decoder"]

@@ -66,7 +66,7 @@ def _given(path: str) -> Translator:
     """``ctx.model``: a run directory (its data's held-out test split) or a model directory
     (the held-out split of the main job's data, English -> French Bible verses)."""
     model = from_pretrained(path)
-    if not isinstance(model, EncoderDecoderModel) or getattr(model, "tokenizer", None) is None:
+    if not isinstance(model, EncoderDecoderModel) or model.tokenizer is None:
         raise ValueError(f"{path}: the heads experiment needs a trained encoder–decoder with its tokenizer")
     config = Path(path) / RUN_CONFIG
     if config.exists():

@@ -80,7 +80,7 @@ def load_for(directory: str, command: str, weights: str = "auto") -> Model:
 
 
 def tokenizer_of(model: Model, directory: str, ids_hint: bool) -> Tokenizer:
-    tokenizer = getattr(model, "tokenizer", None)
+    tokenizer = model.tokenizer
     if tokenizer is None:
         hint = ', or pass token ids with --ids "1 2 3"' if ids_hint else ""
         raise ValueError(
@@ -100,7 +100,7 @@ def decoding_options(args: argparse.Namespace, model: Model, fallback: dict[str,
     A flag left out is left to the checkpoint's ``generation_config.json`` where that sets it
     (``model.generation_defaults``), else takes ``fallback`` (the command's own default);
     ``--do-sample`` without ``--num-beams`` samples one path."""
-    file: dict = getattr(model, "generation_defaults", None) or {}
+    file = model.generation_defaults
     given = {key: getattr(args, key) for key in FILE_DEFAULTED}
     if args.do_sample and given["num_beams"] is None:
         given["num_beams"] = 1

@@ -60,7 +60,7 @@ def _encoder(directory: str):  # type: ignore[no-untyped-def]
             f"{directory} holds a {model.config.family} model; sentence embeddings need an encoder (BERT-family) "
             "model, e.g. all-MiniLM-L6-v2"
         )
-    if getattr(model, "tokenizer", None) is None:
+    if model.tokenizer is None:
         raise ValueError(f"{directory} has no tokenizer, so text cannot be read; put its tokenizer files there")
     return model
 

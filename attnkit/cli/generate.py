@@ -66,7 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
-    from attnkit.generation.batches import pad_left
+    from attnkit.data.padding import pad_left
     from attnkit.generation.text import prompt_ids
 
     model = load_for(args.model, "generate", args.weights)

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--allowed-origins: {origin!r} is not an origin; give e.g. http://localhost:3000 or '*'")
     model = load_model(args.model, args.weights)
     say_choice(model)
-    if getattr(model, "tokenizer", None) is None:
+    if model.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer, so the server cannot read text; put its tokenizer.json there")
     what = model.headless()
     if model.config.family == "gpt" and what is not None:  # an encoder without a vocabulary head serves embeddings

@@ -109,7 +109,7 @@ def translate_lines(
     ``stream``), decoded in batches of similar length, each output cut at its source length +
     ``offset`` tokens (None: only ``max_new_tokens``) and at the end token; an empty text gives
     an empty line. ``attnkit translate``, and ``attnkit generate`` on text-to-text models."""
-    from attnkit.generation.batches import length_sorted, pad_right
+    from attnkit.data.padding import length_sorted, pad_right
     from attnkit.generation.text import source_ids
 
     window_size = batch_size * (1 if stream else SORT_WINDOW)

@@ -28,6 +28,8 @@ from attnkit.data.files import Kind, as_paths, iter_examples, open_text, read_la
 from attnkit.data.specials import ModelSpecials, Specials
 from attnkit.data.tokenizer import (
     encode_batch,
+    encode_with_specials,
+    fit,
     has_specials,
     load_tokenizer,
     read_as_pretrained,
@@ -186,11 +188,8 @@ def encode_labeled(
 ) -> list[tuple[list[int], int]]:
     """(ids, label index) of each example: the ids with the tokenizer's own specials ([CLS] ...
     [SEP]), cut to ``max_tokens`` keeping the last one."""
-    from attnkit.generation.text import encode as with_specials
-    from attnkit.generation.text import fit
-
     index = {name: i for i, name in enumerate(labels)}
-    cut = [fit(row, max_tokens) for row in with_specials(tokenizer, [text for text, _ in examples])]
+    cut = [fit(row, max_tokens) for row in encode_with_specials(tokenizer, [text for text, _ in examples])]
     return [(row, index[label]) for row, (_, label) in zip(cut, examples, strict=True) if row]
 
 

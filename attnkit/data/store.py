@@ -234,7 +234,7 @@ class Examples(Sequence[Any]):
             raise IndexError(f"example {i} of a split of {len(self)}")
         i %= len(self)
         if self.kind == "labeled":
-            from attnkit.generation.text import fit
+            from attnkit.data.tokenizer import fit
 
             assert self.labels is not None
             return fit(self.rows[0].row(i).tolist(), self.max_tokens), int(self.labels[i])
@@ -446,7 +446,7 @@ def _encoder(kind: Kind, tokenizer: Tokenizer, labels: tuple[str, ...]) -> Calla
     from attnkit.data.tokenizer import encode_batch
 
     if kind == "labeled":
-        from attnkit.generation.text import encode as with_specials
+        from attnkit.data.tokenizer import encode_with_specials as with_specials
 
         index = {name: i for i, name in enumerate(labels)}
 

@@ -151,6 +151,17 @@ def encode_batch(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
     return [encoding.ids for encoding in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
 
+def encode_with_specials(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, special tokens included, without any padding the tokenizer adds."""
+    return [[i for i, m in zip(e.ids, e.attention_mask, strict=True) if m] for e in tokenizer.encode_batch(texts)]
+
+
+def fit(ids: list[int], cap: int) -> list[int]:
+    """``ids`` cut to at most ``cap`` tokens, keeping the last one (the tokenizer's closing
+    special, [SEP] or </s>), as ``transformers``' truncation keeps it."""
+    return ids if len(ids) <= cap else [*ids[: cap - 1], ids[-1]]
+
+
 def decode(tokenizer: Tokenizer, ids: Iterable[int]) -> str:
     """The text of ``ids`` (a list, or a 1-D tensor), special tokens left out."""
     return tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)

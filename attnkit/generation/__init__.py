@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -15,13 +14,14 @@ from attnkit.generation.constraints import bad_words, chain, forced
 from attnkit.generation.grammar import Grammar, compile_grammar, constrained
 from attnkit.generation.greedy import decode_one_path, filter_logits, sampler
 from attnkit.generation.incremental import IncrementalModel
-from attnkit.generation.ngrams import no_repeat_ngram, no_repeat_word_ngram, words_of
+from attnkit.generation.ngrams import Constraint, no_repeat_ngram, no_repeat_word_ngram, words_of
+from attnkit.generation.options import OPTION_NAMES, DecodingOptions
 from attnkit.models.core import Model, check_ids
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-__all__ = ["Grammar", "IncrementalModel", "filter_logits", "generate"]
+__all__ = ["DecodingOptions", "Grammar", "IncrementalModel", "filter_logits", "generate"]
 
 
 def _new_tokens(cfg: ModelConfig, input_ids: Tensor, max_new_tokens: int | None, max_length: int | None) -> int:
@@ -39,25 +39,16 @@ def _new_tokens(cfg: ModelConfig, input_ids: Tensor, max_new_tokens: int | None,
     return max_length - read
 
 
-def _validate(
+def _check_call(
     model: Model,
     input_ids: Tensor,
     attention_mask: Tensor | None,
+    options: DecodingOptions,
     max_new_tokens: int,
-    num_beams: int,
-    length_penalty: float,
-    length_penalty_style: str,
-    do_sample: bool,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    source_length_offset: int | None,
-    eos_token_id: int | None,
-    pad_token_id: int | None,
-    no_repeat_ngram_size: int | None,
-    no_repeat_ngram_unit: str,
     tokenizer: Tokenizer | None,
 ) -> None:
+    """What ``options`` (checked when they were made) cannot know alone: the model, the input
+    and the tokenizer they are used with."""
     cfg = model.config
     if cfg.family == "bert":
         raise ValueError("BERT is an encoder and does not generate; use attnkit fill-mask for [MASK] predictions")
@@ -68,42 +59,13 @@ def _validate(
         raise ValueError(
             f"attention_mask has shape {tuple(attention_mask.shape)}, expected {tuple(input_ids.shape)} like input_ids"
         )
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if not isinstance(num_beams, int) or num_beams < 1:
-        raise ValueError(f"num_beams must be an integer >= 1, got {num_beams!r}")
-    for name, value in (("length_penalty", length_penalty), ("temperature", temperature)):
-        if not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number, got {value}")
-    if length_penalty_style not in ("gnmt", "power"):
-        raise ValueError(f"length_penalty_style must be 'gnmt' or 'power', got {length_penalty_style!r}")
-    if do_sample and num_beams > 1:
-        raise ValueError("sampling with num_beams > 1 is not supported; use do_sample=False or num_beams=1")
-    if do_sample and not temperature > 0:
-        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be an integer >= 1 or None, got {top_k!r}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if no_repeat_ngram_size is not None and (
-        not isinstance(no_repeat_ngram_size, int) or isinstance(no_repeat_ngram_size, bool) or no_repeat_ngram_size < 1
-    ):
-        raise ValueError(
-            f"no_repeat_ngram_size must be an integer >= 1 or None, got {no_repeat_ngram_size!r} (3 is usual)"
-        )
-    if no_repeat_ngram_unit not in ("token", "word"):
-        raise ValueError(f"no_repeat_ngram_unit must be 'token' or 'word', got {no_repeat_ngram_unit!r}")
-    if no_repeat_ngram_unit == "word" and no_repeat_ngram_size is None:
-        raise ValueError("no_repeat_ngram_unit='word' is the unit of no_repeat_ngram_size, which is not set; set both")
-    if no_repeat_ngram_unit == "word" and tokenizer is None:
+    if options.no_repeat_ngram_unit == "word" and tokenizer is None:
         raise ValueError(
             "no_repeat_ngram_unit='word' reads words with a tokenizer and this model has none; pass tokenizer= or "
             "set model.tokenizer (from_pretrained does, from the directory's tokenizer.json), or use 'token'"
         )
-    if source_length_offset is not None and not cfg.is_encoder_decoder:
+    if options.source_length_offset is not None and not cfg.is_encoder_decoder:
         raise ValueError("source_length_offset bounds a translation by its source; it needs an encoder-decoder")
-    if source_length_offset is not None and source_length_offset < 0:
-        raise ValueError(f"source_length_offset must be >= 0, got {source_length_offset}")
     # The decoder's context (a decoder-only model sees prompt + continuation) bounds the request
     # before anything is allocated for it.
     needed = (0 if cfg.is_encoder_decoder else input_ids.shape[1]) + max_new_tokens
@@ -114,13 +76,61 @@ def _validate(
             f"{prompt}max_new_tokens={max_new_tokens} exceeds the model's context of {cfg.max_len} positions; "
             f"shorten the prompt or lower max_new_tokens (the context leaves room for {room})"
         )
-    for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
+    _check_token_ids(options, cfg)
+    if options.grammar is not None and tokenizer is None:
+        raise ValueError("grammar= reads the output's text through a tokenizer and this model has none; pass "
+                         "tokenizer= or set model.tokenizer (from_pretrained does)")  # fmt: skip
+
+
+def _check_token_ids(options: DecodingOptions, cfg: ModelConfig) -> None:
+    """The token ids ``options`` name are inside the model's vocabulary, and an encoder–decoder
+    has the start token its decoder begins with."""
+    ends = options.ends
+    for name, value in (("eos_token_id", ends[0] if ends else None), ("pad_token_id", options.pad_token_id)):
         if value is not None and not (isinstance(value, int) and 0 <= value < cfg.vocab_size):
             raise ValueError(f"{name} must be a token id in [0, {cfg.vocab_size}), got {value!r}")
     if cfg.is_encoder_decoder and cfg.decoder_start_token_id is None:
         raise ValueError("the model's config has no decoder_start_token_id; set it to the decoder's first token")
+    words = [("bad_words_ids", i) for word in options.bad_words_ids or () for i in word]
+    forced_ids = [
+        ("forced_bos_token_id", options.forced_bos_token_id),
+        ("forced_eos_token_id", options.forced_eos_token_id),
+    ]
+    for name, value in [*forced_ids, *(("eos_token_id", e) for e in ends[1:]), *words]:  # the first end: above
+        if value is not None and not (isinstance(value, int) and 0 <= value < cfg.vocab_size):
+            raise ValueError(f"{name} must hold token ids in [0, {cfg.vocab_size}), got {value!r}")
 
 
+def _constraint(
+    incremental: IncrementalModel, options: DecodingOptions, max_new_tokens: int, ends: list[int],
+    tokenizer: Tokenizer | None,
+) -> Constraint | None:  # fmt: skip
+    """The constraints ``options`` ask for, in transformers' order: n-grams, bad words, forced
+    first token, forced last token; then the grammar, last: it may leave only one token, which
+    nothing after it may ban."""
+    vocab_size = incremental.model.config.vocab_size
+    constraints = []
+    if options.no_repeat_ngram_size is not None:  # n-grams over what the decoder reads: the prompt or the start
+        constraints.append(
+            no_repeat_ngram(options.no_repeat_ngram_size)
+            if options.no_repeat_ngram_unit == "token"
+            else no_repeat_word_ngram(options.no_repeat_ngram_size, words_of(tokenizer, vocab_size))
+        )
+    if options.bad_words_ids:
+        constraints.append(bad_words(options.bad_words_ids))
+    read_before = incremental.prompt.shape[1]
+    if options.forced_bos_token_id is not None:
+        constraints.append(forced(options.forced_bos_token_id, 0, read_before))
+    if options.forced_eos_token_id is not None:
+        constraints.append(forced(options.forced_eos_token_id, max_new_tokens - 1, read_before))
+    if options.grammar is not None:
+        compiled = compile_grammar(options.grammar, tokenizer, vocab_size, ends)  # type: ignore[arg-type]
+        constraints.append(constrained(compiled, read_before))
+    return chain(constraints)
+
+
+# The pinned signature (DESIGN.md) and what attnkit added, one keyword per option as transformers'
+# generate() takes them: they become one DecodingOptions, checked once.
 @torch.no_grad()
 def generate(
     model: Model,
@@ -149,6 +159,7 @@ def generate(
     streamer: Callable[[Tensor], None] | None = None,
     compile: bool | Literal["auto"] = "auto",
     grammar: Grammar | dict[str, Any] | None = None,
+    options: DecodingOptions | None = None,
 ) -> Tensor:
     """Continue ``input_ids`` (decoder-only: returns prompt + continuation) or translate them
     (encoder–decoder: returns the decoder sequence, starting with its start token).
@@ -192,72 +203,68 @@ def generate(
     (:mod:`attnkit.generation.background`), in this process for one built here once its eager
     seconds reach a compile's (decoder-only greedy and sampling, on the CPU with a C++ compiler;
     everything else eagerly): a short job is never slower than eager. ``False`` is always eager.
+
+    The decoding options are checked once, as a :class:`DecodingOptions`
+    (:mod:`attnkit.generation.options`), which ``options=`` may pass made instead of the arguments.
     """
-    cfg = model.config
-    tokenizer = getattr(model, "tokenizer", None) if tokenizer is None else tokenizer
-    max_new_tokens = _new_tokens(cfg, input_ids, max_new_tokens, max_length)
-    ends = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
-    _validate(
-        model, input_ids, attention_mask, max_new_tokens, num_beams, length_penalty, length_penalty_style, do_sample,
-        temperature, top_k, top_p, source_length_offset, ends[0] if ends else None, pad_token_id,
-        no_repeat_ngram_size, no_repeat_ngram_unit, tokenizer,
+    given = DecodingOptions(
+        max_new_tokens=max_new_tokens, max_length=max_length, num_beams=num_beams, length_penalty=length_penalty,
+        length_penalty_style=length_penalty_style, early_stopping=early_stopping, do_sample=do_sample,
+        temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+        seed=seed, source_length_offset=source_length_offset, no_repeat_ngram_size=no_repeat_ngram_size,
+        no_repeat_ngram_unit=no_repeat_ngram_unit, forced_bos_token_id=forced_bos_token_id,
+        forced_eos_token_id=forced_eos_token_id, bad_words_ids=bad_words_ids, grammar=grammar, compile=compile,
     )  # fmt: skip
-    words = [("bad_words_ids", i) for word in bad_words_ids or [] for i in word]
-    ids = [("forced_bos_token_id", forced_bos_token_id), ("forced_eos_token_id", forced_eos_token_id)]
-    for name, value in [*ids, *(("eos_token_id", e) for e in ends[1:]), *words]:  # _validate took ends[0]
-        if value is not None and not (isinstance(value, int) and 0 <= value < cfg.vocab_size):
-            raise ValueError(f"{name} must hold token ids in [0, {cfg.vocab_size}), got {value!r}")
+    if options is None:
+        options = given
+    elif given != _DEFAULT:
+        raise ValueError("pass the decoding options either as options= or as arguments, not both")
+    return _decode(model, input_ids, attention_mask, options, model.tokenizer if tokenizer is None else tokenizer,
+                   streamer)  # fmt: skip
+
+
+_DEFAULT = DecodingOptions()
+
+
+def _decode(
+    model: Model, input_ids: Tensor, attention_mask: Tensor | None, options: DecodingOptions,
+    tokenizer: Tokenizer | None, streamer: Callable[[Tensor], None] | None,
+) -> Tensor:  # fmt: skip
+    """:func:`generate` with its options made."""
+    cfg = model.config
+    max_new_tokens = _new_tokens(cfg, input_ids, options.max_new_tokens, options.max_length)
+    _check_call(model, input_ids, attention_mask, options, max_new_tokens, tokenizer)
+    ends = list(options.ends)
     if not ends and cfg.eos_token_id is not None:
         ends = [cfg.eos_token_id]
     eos = torch.tensor(ends, dtype=torch.long, device=input_ids.device) if ends else None
-    pad = cfg.pad_token_id if pad_token_id is None else pad_token_id
+    pad = cfg.pad_token_id if options.pad_token_id is None else options.pad_token_id
     budget = None
-    if source_length_offset is not None:
+    if options.source_length_offset is not None:
         lengths = (
             attention_mask.sum(-1)
             if attention_mask is not None
             else torch.full_like(input_ids[:, 0], input_ids.shape[1])
         )
-        budget = (lengths + source_length_offset).clamp(min=1)
-    if compile not in (True, False, "auto"):
-        raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
+        budget = (lengths + options.source_length_offset).clamp(min=1)
     longest = max_new_tokens if budget is None else min(max_new_tokens, int(budget.max()))  # what the cache holds
-    incremental = IncrementalModel(model, input_ids, attention_mask, num_beams, longest, compile)
-    # In transformers' order: n-grams, bad words, forced first token, forced last token.
-    constraints = []
-    if no_repeat_ngram_size is not None:  # n-grams over what the decoder reads: the prompt or the start token
-        constraints.append(
-            no_repeat_ngram(no_repeat_ngram_size)
-            if no_repeat_ngram_unit == "token"
-            else no_repeat_word_ngram(no_repeat_ngram_size, words_of(tokenizer, cfg.vocab_size))
-        )
-    if bad_words_ids:
-        constraints.append(bad_words(bad_words_ids))
-    read_before = incremental.prompt.shape[1]
-    if forced_bos_token_id is not None:
-        constraints.append(forced(forced_bos_token_id, 0, read_before))
-    if forced_eos_token_id is not None:
-        constraints.append(forced(forced_eos_token_id, max_new_tokens - 1, read_before))
-    if grammar is not None:  # last: it may leave only one token, which nothing after it may ban
-        if tokenizer is None:
-            raise ValueError("grammar= reads the output's text through a tokenizer and this model has none; pass "
-                             "tokenizer= or set model.tokenizer (from_pretrained does)")  # fmt: skip
-        constraints.append(constrained(compile_grammar(grammar, tokenizer, cfg.vocab_size, ends), read_before))
-    constraint = chain(constraints)
-    if streamer is not None and num_beams > 1:
+    beams = options.num_beams
+    incremental = IncrementalModel(model, input_ids, attention_mask, beams, longest, options.compile)
+    constraint = _constraint(incremental, options, max_new_tokens, ends, tokenizer)
+    if streamer is not None and beams > 1:
         raise ValueError("streamer follows one path per input; beam search decides its tokens only at the end")
-    if num_beams > 1:
+    if beams > 1:
         from attnkit.generation.beam import beam_search
 
         new = beam_search(
-            incremental, num_beams, max_new_tokens, eos, pad, length_penalty, length_penalty_style, early_stopping,
-            budget, constraint,
+            incremental, beams, max_new_tokens, eos, pad, options.length_penalty, options.length_penalty_style,
+            options.early_stopping, budget, constraint,
         )  # fmt: skip
-    elif do_sample:
+    elif options.do_sample:
         generator = torch.Generator(device=input_ids.device)
         # Without a seed, draw one from the global generator: torch.manual_seed still governs it.
-        generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
-        choose = sampler(temperature, top_k, top_p, generator)
+        generator.manual_seed(int(torch.randint(0, 2**62, ())) if options.seed is None else options.seed)
+        choose = sampler(options.temperature, options.top_k, options.top_p, generator)
         new = decode_one_path(incremental, max_new_tokens, eos, pad, choose, budget, constraint, streamer)
     else:
         new = decode_one_path(incremental, max_new_tokens, eos, pad, budget=budget, constraint=constraint,
@@ -266,3 +273,20 @@ def generate(
         start = torch.full_like(new[:, :1], cfg.decoder_start_token_id)
         return torch.cat([start, new], dim=1)
     return torch.cat([input_ids, new], dim=1)
+
+
+def generate_with_defaults(
+    model: Model, input_ids: Tensor, attention_mask: Tensor | None = None, **given: Any
+) -> Tensor:
+    """:meth:`Model.generate`: :func:`generate` with the options ``given`` over the checkpoint's
+    ``generation_config.json`` ones (``model.generation_defaults``; :meth:`DecodingOptions.over`).
+    Options made whole (``options=``) are taken as they are."""
+    if "options" not in given:
+        decoding = {k: given.pop(k) for k in [*given] if k in OPTION_NAMES}
+        given["options"] = DecodingOptions.over(model.generation_defaults, **decoding)
+    return generate(model, input_ids, attention_mask, **given)
+
+
+# Every model's generate() is this front: decoding sits above the models and imports them, so
+# it is what hands itself to them, never the models that import it (tests/test_imports.py).
+Model.decoding = staticmethod(generate_with_defaults)

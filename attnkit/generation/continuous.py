@@ -26,9 +26,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from attnkit.data.padding import pad_left
+from attnkit.data.padding import positions as row_positions
 from attnkit.generation import background, compiled
-from attnkit.generation.batches import pad_left
-from attnkit.generation.batches import positions as row_positions
 from attnkit.generation.greedy import argmax
 from attnkit.generation.incremental import decoder_only_step
 from attnkit.models.core import DecoderOnlyModel

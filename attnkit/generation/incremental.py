@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.config import ModelConfig
+from attnkit.data.padding import positions
 from attnkit.generation import background, compiled
-from attnkit.generation.batches import positions
 from attnkit.kernels import gemm
 from attnkit.models.core import DecoderOnlyModel, EncoderDecoderModel, Model
 from attnkit.nn import padding_mask

@@ -9,6 +9,7 @@ from tokenizers import Tokenizer
 
 from attnkit.config import ModelConfig
 from attnkit.data.specials import BOS
+from attnkit.data.tokenizer import encode_with_specials
 
 
 def prompt_ids(tokenizer: Tokenizer, cfg: ModelConfig, texts: Sequence[str], first: int = 1) -> list[list[int]]:
@@ -17,7 +18,7 @@ def prompt_ids(tokenizer: Tokenizer, cfg: ModelConfig, texts: Sequence[str], fir
     empty prompt is the start token alone, refused where the model has none (named by its
     number, ``first`` for the first text)."""
     starts_with_bos = cfg.bos_token_id is not None and tokenizer.token_to_id(BOS) == cfg.bos_token_id
-    prompts = encode(tokenizer, list(texts))
+    prompts = encode_with_specials(tokenizer, list(texts))
     for n, prompt in enumerate(prompts):
         if starts_with_bos and prompt[:1] != [cfg.bos_token_id]:
             prompt.insert(0, cfg.bos_token_id)  # type: ignore[arg-type]
@@ -34,22 +35,11 @@ def source_ids(tokenizer: Tokenizer, eos: int | None, texts: Sequence[str]) -> l
     """Encoder–decoder sources: each text's ids ending with the end token, appended where the
     tokenizer does not add it (attnkit's translation objective trains on source + eos, as
     Marian and T5 do). An empty text stays empty."""
-    sources = encode(tokenizer, list(texts))
+    sources = encode_with_specials(tokenizer, list(texts))
     for source in sources:
         if source and eos is not None and source[-1] != eos:
             source.append(eos)
     return sources
-
-
-def fit(ids: list[int], cap: int) -> list[int]:
-    """``ids`` cut to at most ``cap`` tokens, keeping the last one (the tokenizer's closing
-    special, [SEP] or </s>), as ``transformers``' truncation keeps it."""
-    return ids if len(ids) <= cap else [*ids[: cap - 1], ids[-1]]
-
-
-def encode(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
-    """Token ids of each text, special tokens included, without any padding the tokenizer adds."""
-    return [[i for i, m in zip(e.ids, e.attention_mask, strict=True) if m] for e in tokenizer.encode_batch(texts)]
 
 
 class TemplateRefusalError(ValueError):

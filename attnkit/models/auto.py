@@ -77,7 +77,7 @@ def check_ids(model: Model) -> Tensor:
     one a fixed draw of ids; at most :data:`CHECK_TOKENS` and within the model's context."""
     cfg = model.config
     limit = min(CHECK_TOKENS, cfg.max_len)
-    tokenizer = getattr(model, "tokenizer", None)
+    tokenizer = model.tokenizer
     ids = tokenizer.encode(CHECK_TEXT).ids[:limit] if tokenizer is not None else []
     if len(ids) < 8 or max(ids) >= cfg.vocab_size:
         generator = torch.Generator().manual_seed(0)
@@ -100,7 +100,7 @@ def choose(model: Model, job: Job) -> tuple[Model, Choice]:
     """``model`` (fp32, as loaded) in the first format of :data:`ORDER` for ``job`` that this
     machine runs fast and that passes the check; fp32 where none does, saying why. Each
     candidate is converted from a copy, so ``model`` stays fp32 until one passes."""
-    kept = getattr(model, "weights", "fp32")
+    kept = model.weights
     if kept != "fp32":
         return model, Choice(kept, f"the model is saved in {kept}; it runs as it is")
     if isinstance(model, EncoderOnlyModel):  # BERT: no next-token perplexity to check, no decoding to speed up

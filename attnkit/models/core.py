@@ -8,20 +8,26 @@ wire them and speak the ecosystem's API at the edge (``attention_mask`` 1 = real
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.config import ModelConfig
+from attnkit.data.padding import length_sorted, pad_right
+from attnkit.data.tokenizer import encode_with_specials, fit
 from attnkit.models.io import save_pretrained
 from attnkit.nn import Decoder, DecoderCache, Encoder, padding_mask
 from attnkit.nn.layers import AttentionRecord
 from attnkit.nn.vocab_loss import VocabLoss, target_rows, vocab_cross_entropy
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 @dataclass
@@ -160,6 +166,14 @@ class Model(nn.Module):
     """What the three assemblies share: the config, parameter counting and saving."""
 
     config: ModelConfig
+    # What loading sets, where the model has it: the directory's tokenizer, the format its
+    # weights are held in (attnkit.models.weights) and its generation_config.json's options.
+    tokenizer: Tokenizer | None = None
+    weights: str = "fp32"
+    generation_defaults: Mapping[str, Any] = MappingProxyType({})
+    # What generate() hands over to: attnkit.generation's front, which sets itself here when it
+    # is imported. Decoding sits above the models and imports them; they never import it.
+    decoding: ClassVar[Callable[..., Tensor] | None] = None
 
     def num_parameters(self) -> int:
         """Number of distinct parameters (tied weights counted once)."""
@@ -168,14 +182,11 @@ class Model(nn.Module):
     def text_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Each text's ids with the model's tokenizer, its specials included ([CLS] ... [SEP]),
         cut to the model's positions keeping the last one."""
-        from attnkit.generation.text import encode, fit
-
         if isinstance(texts, str):
             raise TypeError("texts must be a sequence of strings, got one str; wrap it in a list")
-        tokenizer = getattr(self, "tokenizer", None)
-        if tokenizer is None:
+        if self.tokenizer is None:
             raise ValueError("this model has no tokenizer to read text with; load it from a directory that has one")
-        return [fit(row, self.config.max_len) for row in encode(tokenizer, list(texts))]
+        return [fit(row, self.config.max_len) for row in encode_with_specials(self.tokenizer, list(texts))]
 
     @torch.no_grad()
     def batched(
@@ -184,8 +195,6 @@ class Model(nn.Module):
         """Forward passes over token-id rows in batches of similar length (little padding), of
         a model of one stack (BERT, GPT): each batch's row indices (B,), its output and its
         attention mask (B, T)."""
-        from attnkit.generation.batches import length_sorted, pad_right
-
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         device = self.embeddings.token.weight.device  # type: ignore[attr-defined]
@@ -240,12 +249,12 @@ class Model(nn.Module):
         """Greedy, beam or sampled decoding with the KV cache: see :func:`attnkit.generation.generate`.
         Options left out take the checkpoint's ``generation_config.json`` values
         (``self.generation_defaults``), as ``transformers`` does."""
-        from attnkit.generation import generate
-
-        defaults: dict[str, Any] = getattr(self, "generation_defaults", None) or {}
-        if "max_new_tokens" in options:  # an explicit length wins over the file's max_length
-            defaults = {k: v for k, v in defaults.items() if k != "max_length"}
-        return generate(self, input_ids, attention_mask, **{**defaults, **options})
+        if Model.decoding is None:
+            raise RuntimeError(
+                "model.generate decodes with attnkit.generation, which is not imported; import it first "
+                "(attnkit.from_pretrained and attnkit.build_model do)"
+            )
+        return Model.decoding(self, input_ids, attention_mask, **options)
 
     def save_pretrained(self, path: str | Path, overwrite: bool = False) -> None:
         """Write attnkit's own directory: ``config.json`` and ``model.safetensors``."""

@@ -314,7 +314,7 @@ def tokenizer_files(model: torch.nn.Module, hugging_face: bool = False) -> dict[
     (:func:`with_specials`). A model without a tokenizer writes only its chat template, if any."""
     sources = getattr(model, "tokenizer_sources", None) or {}
     files = dict(sources)
-    tokenizer = getattr(model, "tokenizer", None)
+    tokenizer = model.tokenizer
     template = getattr(model, "chat_template", None)
     settings: dict[str, Any] = {}
     if tokenizer is not None:
@@ -409,7 +409,7 @@ def write_directory(path: str | Path, files: dict[str, bytes | dict[str, Tensor]
 def check_savable(model: torch.nn.Module, quantized: bool = False) -> None:
     """Only fp32 models are written, and with ``quantized`` (attnkit's own directory) int8, int4
     and GGUF blocks too: bf16 is a cast made at load time."""
-    weights = getattr(model, "weights", "fp32")
+    weights = model.weights
     if weights != "fp32" and not (quantized and weights in ("int8", "int4", "gguf")):
         raise ValueError(
             f"this model holds {weights} inference weights; save the fp32 model (load it without weights=) and "
@@ -437,9 +437,8 @@ def save_pretrained(model: torch.nn.Module, path: str | Path, overwrite: bool = 
         WEIGHTS: tensors,
     }
     files.update(tokenizer_files(model))
-    defaults = getattr(model, "generation_defaults", None)
-    if defaults:
-        files[GENERATION_CONFIG] = write_generation_config(defaults)
+    if model.generation_defaults:
+        files[GENERATION_CONFIG] = write_generation_config(dict(model.generation_defaults))
     write_directory(path, files, overwrite)
 
 

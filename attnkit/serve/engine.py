@@ -239,7 +239,7 @@ class Engine:
                 job.emit("done", {"tokens": request.tokens, "finish_reason": request.finish_reason})
 
     def _translate(self, jobs: list[Job]) -> None:
-        from attnkit.generation.batches import pad_right
+        from attnkit.data.padding import pad_right
 
         sources = [source for job in jobs for source in job.options["sources"]]
         owners = [job for job in jobs for _ in job.options["sources"]]

@@ -179,7 +179,7 @@ class Api:
 
     def __init__(self, state: State) -> None:
         self.state = state
-        self.tokenizer = getattr(state.model, "tokenizer", None)
+        self.tokenizer = state.model.tokenizer
         cfg = state.model.config
         self.context = cfg.max_len
         self.max_input = min(state.limits.max_input_tokens or self.context, self.context)

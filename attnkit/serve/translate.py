@@ -41,7 +41,7 @@ class Translate(Api):
         else:
             new = min(self.max_new, self.context)
         stream = body.get("stream", False)
-        defaults = getattr(self.state.model, "generation_defaults", None) or {}
+        defaults = self.state.model.generation_defaults
         if stream and (beams or defaults.get("num_beams", 1)) > 1:
             raise ApiError(422, "stream needs num_beams 1: beam search knows its best translation only at the end")
         cfg = self.state.model.config

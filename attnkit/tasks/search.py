@@ -64,7 +64,7 @@ def fingerprint(model: EncoderOnlyModel, texts: Sequence[str]) -> str:
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().float().contiguous().numpy().tobytes())
-    tokenizer = getattr(model, "tokenizer", None)
+    tokenizer = model.tokenizer
     digest.update(b"" if tokenizer is None else tokenizer.to_str().encode())
     for text in texts:
         digest.update(text.encode())

@@ -13,9 +13,10 @@ from tokenizers import Tokenizer
 
 from attnkit.config import RunConfig
 from attnkit.data.batching import TokenBatches
+from attnkit.data.padding import length_sorted, pad_right
 from attnkit.data.prepare import costs
 from attnkit.data.tokenizer import decode
-from attnkit.generation.batches import length_sorted, pad_right
+from attnkit.generation import generate_with_defaults
 from attnkit.models.core import Model
 from attnkit.objectives.base import IGNORE_INDEX, Objective
 
@@ -74,8 +75,9 @@ def translate_ids(
     outputs: list[list[int]] = [[] for _ in sources]
     for batch in length_sorted([len(s) for s in sources], batch_size):
         ids, mask = pad_right([[*sources[i], eos] for i in batch], pad, device)  # + eos, as the objective trained
-        out = model.generate(
-            ids, mask, max_new_tokens=ids.shape[1] + SOURCE_LENGTH_OFFSET, source_length_offset=SOURCE_LENGTH_OFFSET,
+        out = generate_with_defaults(  # model.generate, which only attnkit.generation's import gives the model
+            model, ids, mask, max_new_tokens=ids.shape[1] + SOURCE_LENGTH_OFFSET,
+            source_length_offset=SOURCE_LENGTH_OFFSET,
             **options,
         )  # fmt: skip
         for i, row in zip(batch, out[:, 1:].tolist(), strict=True):  # drop the start token

@@ -121,7 +121,7 @@ def pretrained(run: RunConfig) -> Model | None:
             f"{' --model.classifier_pooling=last' if family == 'gpt' and run.objective == 'classify' else ''}), or "
             f"pretrain a {run.model.family}"
         )
-    if getattr(model, "tokenizer", None) is None:
+    if model.tokenizer is None:
         raise ValueError(f"train.init={init!r} has no tokenizer to fine-tune with; use a directory with one")
     if run.data.tokenizer is not None:
         # The init's own tokenizer, not its embedding rows, decides (those may be padded, as t5-small's 32,128

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
+from attnkit.data.padding import length_sorted, pad_right
 from attnkit.generation import incremental
-from attnkit.generation.batches import length_sorted, pad_right
 from attnkit.nn import DecoderCache, KVCache, MultiHeadAttention, padding_mask
 from attnkit.nn.attention import _matmuls_win, attention_fused
 from attnkit.training.evaluate import translate_ids

@@ -13,8 +13,8 @@ from tokenizers import Tokenizer
 
 import attnkit
 from attnkit.data import corpora
+from attnkit.data.padding import pad_right
 from attnkit.data.tokenizer import specials_of, train_tokenizer
-from attnkit.generation.batches import pad_right
 from attnkit.models import Model, build_model
 from attnkit.serve.server import spawn
 

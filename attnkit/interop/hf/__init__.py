@@ -113,6 +113,6 @@ def export_hf(
         files[WEIGHTS_INDEX] = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
     files.update(tokenizer_files(model, hugging_face=True))
     special = {**special_ids_to_hf(config), "decoder_start_token_id": config.decoder_start_token_id}
-    defaults = {k: v for k, v in special.items() if v is not None} | (getattr(model, "generation_defaults", None) or {})
+    defaults = {k: v for k, v in special.items() if v is not None} | dict(model.generation_defaults)
     files[GENERATION_CONFIG] = write_generation_config(defaults)
     write_directory(path, files, overwrite)

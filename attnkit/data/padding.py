@@ -1,5 +1,5 @@
-"""Batches for decoding many inputs: sorted by length, padded on the right (sources) or on the
-left (prompts)."""
+"""Batches of token-id rows for a model to read many inputs at once (decoding, evaluating,
+embedding): sorted by length, padded on the right (sources) or on the left (prompts)."""
 
 from __future__ import annotations
 
