@@ -52,10 +52,13 @@ def test_a_second_load_reads_the_kept_model_and_decodes_alike(tmp_path: Path, ca
 
 def test_an_encoder_decoder_is_kept_for_its_own_job(tmp_path: Path, cache: Path, monkeypatch) -> None:
     path = saved(tmp_path / "translator", "transformer-tiny")
-    loading.load_auto(path)
+    first, _ = loading.load_auto(path)
     monkeypatch.setattr(loading, "_load", refuse)
     model, choice = loading.load_auto(path)  # found under "translate", not mistaken for a "decode" entry
     assert choice.weights == "int8" == model.weights and model.config.is_encoder_decoder
+    ids = torch.tensor([[3, 4, 5, 6]])
+    kept = model(ids, decoder_input_ids=ids).logits  # the kept model is the one first prepared
+    torch.testing.assert_close(kept, first(ids, decoder_input_ids=ids).logits, rtol=0, atol=0)
     assert prepared.read(path, "decode") is None
 
 
@@ -108,6 +111,9 @@ def test_a_cache_that_cannot_be_written_leaves_the_load_alone(tmp_path: Path, mo
     (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "cannot be kept" in line and prepared.CACHE_ENV in line
     assert choice.weights == "int8" == model.weights
+    ids = torch.tensor([[3, 4, 5]])  # the int8 model itself, as from_pretrained gives it
+    expected = attnkit.from_pretrained(path, weights="int8")(ids).logits
+    torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
 
 
 def test_the_cache_keeps_its_most_recently_used_entries(tmp_path: Path, cache: Path, monkeypatch) -> None:

@@ -48,9 +48,10 @@ def client(chat_server: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{chat_server}/v1", api_key="unused", max_retries=0)
 
 
-def greedy(model: Model, ids: list[int], new: int) -> str:
-    """What attnkit's ``generate`` makes of ``ids`` in this process, up to its end token."""
-    out = model.generate(torch.tensor([ids]), max_new_tokens=new)[0, len(ids) :].tolist()
+def generated(model: Model, ids: list[int], new: int, **options: object) -> str:
+    """What attnkit's ``generate`` makes of ``ids`` in this process (greedy unless ``options`` say
+    otherwise), up to its end token."""
+    out = model.generate(torch.tensor([ids]), max_new_tokens=new, **options)[0, len(ids) :].tolist()
     eos = model.config.eos_token_id
     return model.tokenizer.decode(out[: out.index(eos)] if eos in out else out, skip_special_tokens=True)
 
@@ -59,7 +60,7 @@ def test_the_openai_sdk_chats(smollm2: Model, client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == ["smollm2"]
     assert client.models.retrieve("smollm2").owned_by == "attnkit"
     ids = chat_prompt(smollm2.chat_template, smollm2.tokenizer, smollm2.config, QUESTION)
-    expected = greedy(smollm2, ids, 12)
+    expected = generated(smollm2, ids, 12)
     answer = client.chat.completions.create(model="smollm2", messages=QUESTION, max_completion_tokens=12, temperature=0)  # type: ignore[call-overload]
     assert answer.choices[0].message.content == expected and "Paris" in expected
     assert answer.usage.prompt_tokens == len(ids)
@@ -79,14 +80,17 @@ def test_the_openai_sdk_chats(smollm2: Model, client: openai.OpenAI) -> None:
     assert choice.message.content == expected[: expected.index("Paris")] and choice.finish_reason == "stop"
     assert all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in choice.logprobs.content)
     two = client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=6, n=2, seed=3)
-    assert [c.index for c in two.choices] == [0, 1]
+    # choice j samples with seed + j (docs/serving.md), at the server's defaults: temperature 1, top_p 1
+    samples = [generated(smollm2, ids, 6, do_sample=True, seed=3 + j, temperature=1.0, top_p=1.0) for j in (0, 1)]
+    assert samples[0] != samples[1]  # so that a repeated or swapped seed shows
+    assert [(c.index, c.message.content) for c in two.choices] == [(0, samples[0]), (1, samples[1])]
 
 
 def test_the_openai_sdk_completes_and_scores(smollm2: Model, client: openai.OpenAI) -> None:
     prompt = "The capital of France is"
     ids = smollm2.tokenizer.encode(prompt).ids
     answer = client.completions.create(model="smollm2", prompt=prompt, max_tokens=8, temperature=0)
-    assert answer.choices[0].text == greedy(smollm2, ids, 8)
+    assert answer.choices[0].text == generated(smollm2, ids, 8)
     streamed = client.completions.create(model="smollm2", prompt=prompt, max_tokens=8, temperature=0, stream=True)
     assert "".join(c.choices[0].text for c in streamed) == answer.choices[0].text
     scored = client.completions.create(
