@@ -454,6 +454,8 @@ def _plot_graphs(ctx: Context, seq: dict[str, dict[int, int]], path: dict[str, d
     return save(fig, ctx, "att-complexity-graphs.png")
 
 
+# One experiment, read top to bottom as its report section reads: measure, fit, count, draw, write.
+# Its pieces are the functions above; what is left is the order and the prose, so it stays whole.
 def run(ctx: Context) -> Section:
     """Measure [tab:att-complexity]: fitted time and memory exponents, graph-counted sequential
     operations and path lengths, two figures."""

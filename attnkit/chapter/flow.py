@@ -106,6 +106,8 @@ def _shape(t: Tensor) -> list[int]:
     return list(t.shape)
 
 
+# The figure's boxes and arrows, one matplotlib call each, bottom to top as the chapter's diagram:
+# split, it would be a dozen one-use helpers passing the same axes around.
 def _draw(trace: AttentionTrace, x: Tensor, out: Tensor, mask: Tensor, scale: float) -> Any:
     """The chapter's flow diagram (bottom to top), shapes from ``trace``, heatmaps of head 1."""
     from matplotlib.patches import FancyBboxPatch

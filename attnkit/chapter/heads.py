@@ -221,6 +221,8 @@ def _table(heads: list[dict[str, Any]]) -> str:
     return table(header, rows)
 
 
+# One experiment, read top to bottom as its report section reads: the translator, its attention,
+# the statistics, the figures, the prose; the work is in the functions above.
 def run(ctx: Context) -> Section:
     torch.manual_seed(ctx.seed)
     translator = _given(ctx.model) if ctx.model else _trained(ctx)

@@ -88,6 +88,8 @@ def _figure(tokens: list[str], mask: Tensor, weights: Tensor, changes: Tensor) -
     return fig
 
 
+# One experiment, read top to bottom as its report section reads (the mask, its weights, the
+# future-replacement test, the figure); the pieces that repeat are the functions above.
 def run(ctx: Context) -> Section:
     """Mask, weights, and the future-replacement test on the sentence's words."""
     trials = 2 if ctx.quick else 16

@@ -107,6 +107,8 @@ def _saturation_plot(dims: list[int], sat: dict[int, dict[str, float]]) -> Any:
     return fig
 
 
+# One experiment, read top to bottom as its report section reads (histograms, saturation,
+# gradients, their figures and prose); the measurements are the functions above.
 def run(ctx: Context) -> Section:
     """Histograms of qᵀk for three d_k, then entropy and gradients against d_k."""
     pairs, batches = (4000, 16) if ctx.quick else (50_000, 128)

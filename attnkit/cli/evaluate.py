@@ -38,6 +38,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+# The command's steps in the order it prints them (load, encode, score each split, per task,
+# the report); each step is a call into the library, the length is their sequence.
 def run(args: argparse.Namespace) -> int:
     import attnkit
     from attnkit.data.prepare import encode

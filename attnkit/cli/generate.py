@@ -64,6 +64,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+# The command's steps in the order it runs them (load, grammar, prompts, decode, print); each
+# step is a call into the library, the length is their sequence and their one-line errors.
 def run(args: argparse.Namespace) -> int:
 
     from attnkit.data.padding import pad_left

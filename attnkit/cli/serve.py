@@ -8,6 +8,8 @@ import sys
 from typing import Literal
 
 
+# One flag per line, the server's every option and limit with its help: a table, long because
+# the server has that many settings.
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve",

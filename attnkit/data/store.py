@@ -484,6 +484,8 @@ def _chunks(examples: Iterator[tuple[str, Any]]) -> Iterator[tuple[list[tuple[st
         yield chunk, size
 
 
+# The store's one writer, start to rename: read, tokenize, encode each split, write the index and
+# the manifest, all inside one temporary directory whose cleanup must see every step.
 def build(
     directory: Path,
     recipe: Recipe,

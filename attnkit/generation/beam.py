@@ -107,6 +107,8 @@ class Beams:
         return Beams(*(getattr(self, f).index_select(0, examples) for f in self.__dataclass_fields__))
 
 
+# Batched beam search as one loop (expand, score, select, finish, shrink), kept whole so the
+# step reads as the algorithm does; its parameters are the decoding options it honours.
 @torch.no_grad()
 def beam_search(
     model: IncrementalModel,

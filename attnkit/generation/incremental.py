@@ -75,6 +75,8 @@ class IncrementalModel:
     compiled step cannot trace.
     """
 
+    # Sets up one decode: the cache's layout for the batch, its beams and its prompt, which the
+    # compiled step and every decoding algorithm then share; each branch is one source layout.
     def __init__(
         self,
         model: Model,

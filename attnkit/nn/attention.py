@@ -335,6 +335,8 @@ class MultiHeadAttention(nn.Module):
         B, T, width = x.shape
         return x.view(B, T, width // d, d).transpose(1, 2)  # (B, T, H·d) -> (B, H, T, d)
 
+    # [eq:att-multihead] for self and cross attention, with and without a cache, in one place:
+    # each branch is one of those cases, and splitting them would copy the projections.
     def forward(
         self,
         x: Tensor,
