@@ -2,9 +2,10 @@
 (its latest complete checkpoint, with the run's tokenizer), a Hugging Face directory, or a
 llama.cpp GGUF file.
 
-This is the one module that knows every source; it sits above :mod:`attnkit.models`,
-:mod:`attnkit.interop` and :mod:`attnkit.training`, which do not import it. Weights come only
-from safetensors; nothing is unpickled.
+This is the one module that tells these sources apart (:func:`from_pretrained`); it sits above
+:mod:`attnkit.models` (where :mod:`attnkit.models.run_dir` reads run directories) and
+:mod:`attnkit.interop`, and below :mod:`attnkit.training`, whose fine-tuning starts from a model
+loaded here. Weights come only from safetensors; nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from attnkit.interop.hf import load_hf
 from attnkit.models import Model, load_saved
 from attnkit.models.auto import Choice, Job, choose
 from attnkit.models.io import CONFIG, FORMAT, read_json, refuse_pickles, remember_source
-from attnkit.models.weights import WEIGHT_FORMATS, format_for, to_format
-from attnkit.training.checkpoint import CHECKPOINTS, run_model
+from attnkit.models.run_dir import is_run_dir, run_model
+from attnkit.models.weights import apply_format, check_format, format_for
 
 log = logging.getLogger("attnkit")
 
@@ -37,15 +38,14 @@ def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
     (:mod:`attnkit.models.auto`; what it chose and why is logged). The model remembers where it
     came from and how (:func:`attnkit.models.io.source`): a background process loads it the same
     way to compile its decoding steps (:mod:`attnkit.generation.background`)."""
-    if weights not in ("auto", *WEIGHT_FORMATS):
-        raise ValueError(f"weights={weights!r} is not a weight format; use one of auto, {', '.join(WEIGHT_FORMATS)}")
+    check_format(weights, "auto")
     if weights == "auto":
         model, choice = load_auto(path)
         log.info("weights='auto': %s (%s)", choice.weights, choice.reason)
         return model
     fmt = format_for(weights, torch.device("cpu"))
     model = _load(Path(path), keep_blocks=fmt == "gguf")
-    model = model if fmt in ("fp32", "gguf") else to_format(model, fmt)
+    model = model if fmt in ("fp32", "gguf") else apply_format(model, fmt)
     remember_source(model, path, weights)
     return model
 
@@ -86,8 +86,20 @@ def _kept(source: Path, job: Job | None) -> tuple[Model, Choice] | None:
     return None
 
 
+def is_model(path: Path) -> bool:
+    """Whether :func:`from_pretrained` finds a model at ``path``: a GGUF file, a directory with a
+    ``config.json`` (attnkit's or Hugging Face's), or a training run's directory."""
+    return _is_gguf(path) or (path / CONFIG).is_file() or is_run_dir(path)
+
+
+def _is_gguf(path: Path) -> bool:
+    return path.suffix == ".gguf" and path.is_file()
+
+
 def _load(directory: Path, keep_blocks: bool = False) -> Model:
-    if directory.suffix == ".gguf" and directory.is_file():
+    """The model at ``directory``, told apart in this order: a GGUF file, a run directory
+    (checkpoints and no config.json), then attnkit's own directory or a Hugging Face one."""
+    if _is_gguf(directory):
         from attnkit.interop.gguf import load_gguf
 
         return load_gguf(directory, keep_blocks)
@@ -99,7 +111,7 @@ def _load(directory: Path, keep_blocks: bool = False) -> Model:
         raise FileNotFoundError(
             f"{directory} is not a directory; pass a directory written by save_pretrained (or a .gguf file)"
         )
-    if not (directory / CONFIG).exists() and (directory / CHECKPOINTS).is_dir():
+    if is_run_dir(directory):
         return run_model(directory)
     refuse_pickles(directory)
     data = read_json(directory / CONFIG)

@@ -31,7 +31,7 @@ from attnkit.chapter.transfer import SCORED, bert_runs, classifier_scores, t5_ru
 from attnkit.config import RunConfig
 from attnkit.data.prepare import Data, load_data
 from attnkit.models import load_saved
-from attnkit.training.checkpoint import checkpoint_step, complete_checkpoints
+from attnkit.models.run_dir import checkpoint_step, complete_checkpoints
 from attnkit.training.evaluate import evaluate
 from attnkit.training.run import make_objective, train
 from benchmarks.common import machine

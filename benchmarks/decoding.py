@@ -347,12 +347,12 @@ def _ctranslate2_marian(
 
 def demo_formats(run_dir: Path) -> list[dict]:
     """Case 4: the run's held-out test sentences, greedy and beam-4, in each format."""
-    from attnkit.cli.common import saved_run
     from attnkit.data.prepare import read_texts
     from attnkit.generation.compiled import COMPILES
+    from attnkit.models.run_dir import read_run_config
     from attnkit.training.report import score_translations
 
-    saved = saved_run(str(run_dir))
+    saved = read_run_config(run_dir)[0]
     pairs = read_texts(saved).test
     rows = []
     beam = {"num_beams": 4, "length_penalty": 0.6, "length_penalty_style": "gnmt"}

@@ -15,9 +15,10 @@ from attnkit import from_pretrained
 from attnkit.config import apply_overrides, run_preset
 from attnkit.data.prepare import read_texts
 from attnkit.machine import keep_freed_memory
+from attnkit.models.run_dir import read_run_config
 from attnkit.training.fit import fit_for
 from attnkit.training.report import translation_report
-from attnkit.training.run import read_run_config, train
+from attnkit.training.run import train
 
 
 def run(budget: float | None = None) -> dict[str, Any]:
@@ -31,9 +32,9 @@ def run(budget: float | None = None) -> dict[str, Any]:
         progress, _ = train(config, run_dir, progress_bar=False, fit=table, no_fit=no_fit)
         model = from_pretrained(run_dir)
         report = translation_report(model, model.tokenizer, read_texts(config).test, config.data.max_tokens)
-        _, record = read_run_config(Path(run_dir))
+        _, record = read_run_config(Path(run_dir))  # the machine record as run.json holds it
     return {
-        "machine_record": None if record is None else record.to_dict(),
+        "machine_record": record,
         "seconds": time.perf_counter() - start,
         "training_seconds": progress.seconds,
         "steps": progress.step,

@@ -49,9 +49,9 @@ from attnkit.chapter.transfer import classifier_scores, task_scores
 from attnkit.config import RunConfig, apply_overrides, run_preset
 from attnkit.data.prepare import load_data
 from attnkit.data.tokenizer import load_tokenizer
-from attnkit.training.checkpoint import checkpoint_step, complete_checkpoints, latest_checkpoint, run_model
+from attnkit.models.run_dir import checkpoint_step, complete_checkpoints, latest_checkpoint, read_run_config, run_model
 from attnkit.training.evaluate import evaluate
-from attnkit.training.run import make_objective, read_run_config, train
+from attnkit.training.run import make_objective, train
 from benchmarks.common import machine
 from benchmarks.crossing import crossing
 from benchmarks.pretrain import PRESETS, curve

@@ -24,8 +24,8 @@ from typing import Any
 
 from attnkit.config import RunConfig, apply_overrides, run_preset
 from attnkit.data.corpora import BIBLES
-from attnkit.training.checkpoint import checkpoint_step, latest_checkpoint
-from attnkit.training.run import RUN_CONFIG, train
+from attnkit.models.run_dir import RUN_CONFIG, checkpoint_step, latest_checkpoint
+from attnkit.training.run import train
 from benchmarks.common import machine
 
 RESULTS = Path(__file__).parent / "results"

@@ -360,7 +360,7 @@ def test_pretraining_resumes_and_few_labels_fine_tune_both_arms_on_it(tmp_path: 
 
 
 def test_the_best_checkpoint_is_the_lowest_validation_loss_and_the_later_ones_go(tmp_path: Path) -> None:
-    from attnkit.training.checkpoint import MARKER, checkpoint_dir, complete_checkpoints, latest_checkpoint
+    from attnkit.models.run_dir import MARKER, checkpoint_dir, complete_checkpoints, latest_checkpoint
     from benchmarks.fewlabels import keep_best
 
     def run_dir(name: str, last: float) -> Path:

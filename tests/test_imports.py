@@ -90,24 +90,42 @@ def test_imports_point_one_way() -> None:
 
 def test_lower_rooms_do_not_reach_up() -> None:
     """nn, models and generation know nothing of the rooms above them, nor nn, models and data
-    of generation (which decodes the models: it gives them their generate()); interop, training,
-    data and objectives do not import loading (which sits above them all) or the command line."""
+    of generation (which decodes the models: it gives them their generate()); interop, data and
+    objectives do not import loading or the command line; loading (the one dispatcher between
+    kinds of source) imports no training, which starts its fine-tuning from it; and only
+    ``python -m attnkit`` imports the command line (no room reads a run directory through its
+    helpers: :mod:`attnkit.models.run_dir` does)."""
     graph = import_graph()
     above = ("attnkit.interop", "attnkit.training", "attnkit.loading", "attnkit.cli", "attnkit.chapter")
     rules = {
         ("attnkit.nn", "attnkit.models", "attnkit.generation"): above,
-        ("attnkit.interop", "attnkit.training", "attnkit.data", "attnkit.objectives"): (
-            "attnkit.loading",
-            "attnkit.cli",
-        ),
+        ("attnkit.interop", "attnkit.data", "attnkit.objectives"): ("attnkit.loading", "attnkit.cli"),
         ("attnkit.interop",): ("attnkit.training",),
         ("attnkit.nn", "attnkit.models", "attnkit.data"): ("attnkit.generation",),
+        ("attnkit.loading", "attnkit.prepared"): ("attnkit.training", "attnkit.cli", "attnkit.chapter"),
+        ("attnkit.training",): ("attnkit.cli",),
     }
     for lower, upper in rules.items():
         for module, targets in graph.items():
             if module.startswith(lower):
                 bad = sorted(t for t in targets if t.startswith(upper))
                 assert not bad, f"{module} imports {bad}"
+    users = sorted(m for m, targets in graph.items() if not m.startswith("attnkit.cli") and "attnkit.cli" in targets)
+    assert users == ["attnkit.__main__"], f"only the command line and python -m attnkit import attnkit.cli: {users}"
+
+
+def test_a_run_directory_has_one_reader() -> None:
+    """The names of a run directory's files (run.json, checkpoints/, the COMPLETE marker) are
+    spelt only in :mod:`attnkit.models.run_dir`: whoever reads or writes one goes through it."""
+    names = {"run.json", "checkpoints", "COMPLETE"}
+    spelt = sorted(
+        f"{name}: {node.value}"
+        for name, path in modules().items()
+        if name != "attnkit.models.run_dir"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and node.value in names
+    )
+    assert not spelt, f"run directory files named outside attnkit.models.run_dir: {spelt}"
 
 
 def test_config_is_the_floor() -> None:

@@ -22,13 +22,13 @@ from torch import Tensor
 
 from attnkit.chapter.alignment import cross_attention, pieces, plot_alignment
 from attnkit.chapter.report import Context, Section, pyplot, save, table
-from attnkit.config import RUN_PRESETS, RunConfig, apply_overrides, load_run_config, run_preset
+from attnkit.config import RUN_PRESETS, RunConfig, apply_overrides, run_preset
 from attnkit.data.prepare import encode, read_texts
 from attnkit.data.tokenizer import specials_of
 from attnkit.loading import from_pretrained
 from attnkit.models.core import EncoderDecoderModel
-from attnkit.training.checkpoint import checkpoint_step, latest_checkpoint
-from attnkit.training.run import RUN_CONFIG, make_objective, train
+from attnkit.models.run_dir import RUN_CONFIG, checkpoint_step, latest_checkpoint, read_run_config
+from attnkit.training.run import make_objective, train
 
 # The chapter's labels this experiment shows (docs/chapter.md's figure column reads them).
 LABELS = ("eq:att-head", "eq:att-multihead", "eq:att-alpha", "fig:att-transformer", "alg:att-decode")
@@ -68,9 +68,8 @@ def _given(path: str) -> Translator:
     model = from_pretrained(path)
     if not isinstance(model, EncoderDecoderModel) or model.tokenizer is None:
         raise ValueError(f"{path}: the heads experiment needs a trained encoder–decoder with its tokenizer")
-    config = Path(path) / RUN_CONFIG
-    if config.exists():
-        run = load_run_config(config)
+    if (Path(path) / RUN_CONFIG).exists():
+        run = read_run_config(path)[0]
         checkpoint = latest_checkpoint(Path(path))
         steps = checkpoint_step(checkpoint) if checkpoint is not None else None
         return Translator(model, model.tokenizer, run, _held_out(run), f"the run `{path}`", steps)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import math
 import os
 import stat
@@ -17,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from attnkit.config import RunConfig, run_from_dict
+from attnkit.config import RunConfig
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -389,15 +388,6 @@ def parse_ids(text: str) -> list[int]:
     if not ids:
         raise ValueError("--ids needs at least one token id")
     return ids
-
-
-def saved_run(run_dir: str) -> RunConfig:
-    from attnkit.training.run import RUN_CONFIG
-
-    path = Path(run_dir) / RUN_CONFIG
-    if not path.exists():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no {RUN_CONFIG}); pass the --out of attnkit train")
-    return run_from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
 def held_out(run: RunConfig, split: str) -> list:

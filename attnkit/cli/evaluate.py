@@ -14,7 +14,6 @@ from attnkit.cli.common import (
     held_out,
     no_repeat_options,
     require,
-    saved_run,
 )
 from attnkit.config import RunConfig
 
@@ -44,11 +43,12 @@ def run(args: argparse.Namespace) -> int:
     import attnkit
     from attnkit.data.prepare import encode
     from attnkit.data.tokenizer import specials_of
+    from attnkit.models.run_dir import read_run_config
     from attnkit.training.evaluate import evaluate
     from attnkit.training.report import by_task, score_translations
     from attnkit.training.run import make_objective
 
-    saved = saved_run(args.model)
+    saved = read_run_config(args.model)[0]
     pairs = held_out(saved, args.split)
     model = attnkit.from_pretrained(args.model, weights=args.weights)
     if saved.objective == "translation":

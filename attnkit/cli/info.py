@@ -22,8 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import attnkit
-    from attnkit.training.checkpoint import complete_checkpoints
-    from attnkit.training.run import RUN_CONFIG
+    from attnkit.models.run_dir import RUN_CONFIG, complete_checkpoints, read_run_config
     from attnkit.training.trainer import METRICS
 
     directory = Path(args.directory)
@@ -35,17 +34,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"  d_model {cfg.d_model}, d_ff {cfg.d_ff}, heads {cfg.n_heads}, layers {layers},")
     print(f"  vocabulary {cfg.vocab_size}, positions {cfg.positional}, {norm}-LN")
     if (directory / RUN_CONFIG).exists():
-        run = json.loads((directory / RUN_CONFIG).read_text(encoding="utf-8"))
-        train, data = run["train"], run["data"]
-        print(
-            f"  objective {train['objective'] or 'the family default'}, data {data['corpus']} {' '.join(data['path'])}"
-        )
-        optimiser = f"{train['optimizer']} lr {train['lr']} schedule {train['schedule']} warmup {train['warmup']}"
-        print(f"  optimiser {optimiser}, batch {train['batch_tokens']} tokens, precision {train['precision']}")
-        if "machine" in run:  # what the run chose for the machine it started on
+        run, machine = read_run_config(directory)
+        train, data = run.train, run.data
+        print(f"  objective {train.objective or 'the family default'}, data {data.corpus} {' '.join(data.path)}")
+        optimiser = f"{train.optimizer} lr {train.lr} schedule {train.schedule} warmup {train.warmup}"
+        print(f"  optimiser {optimiser}, batch {train.batch_tokens} tokens, precision {train.precision}")
+        if machine is not None:  # what the run chose for the machine it started on
             from attnkit.training.fit import MachineRecord
 
-            for line in MachineRecord(**run["machine"]).describe():
+            for line in MachineRecord(**machine).describe():
                 print(f"  {line}")
         checkpoints = complete_checkpoints(directory)
         print(f"  checkpoints: {', '.join(p.name for p in checkpoints) or 'none'}")

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from attnkit.cli.common import held_out, require, saved_run
+from attnkit.cli.common import held_out, require
 from attnkit.config import PRESETS, RunConfig
 
 
@@ -53,8 +53,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from attnkit.training.checkpoint import CheckpointSaveError, latest_checkpoint
-    from attnkit.training.run import RUN_CONFIG, train
+    from attnkit.models.run_dir import RUN_CONFIG, latest_checkpoint, read_run_config
+    from attnkit.training.checkpoint import CheckpointSaveError
+    from attnkit.training.run import train
     from attnkit.training.trainer import TrainingStoppedError
 
     if args.resume and not (args.config or args.preset) and args.out and (Path(args.out) / RUN_CONFIG).is_file():
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if not reporter:
         return 0
     metrics = ", ".join(f"{k} {v:.4g}" for k, v in final.items() if k != "tokens")
-    saved = saved_run(args.out)
+    saved = read_run_config(args.out)[0]
     print(
         f"step {progress.step}: {progress.tokens:,} target tokens in {progress.seconds:.0f} s of training "
         f"(seed {saved.train.seed}, {progress.tokens / max(progress.seconds, 1e-9):,.0f} target tokens/s)"

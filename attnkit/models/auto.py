@@ -37,7 +37,7 @@ from torch import Tensor
 
 from attnkit.machine import cpu_class
 from attnkit.models.core import EncoderOnlyModel, Model
-from attnkit.models.weights import runs_fast, to_format
+from attnkit.models.weights import apply_format, runs_fast
 
 Job = Literal["decode", "translate"]
 ORDER: dict[str, tuple[str, ...]] = {
@@ -115,7 +115,7 @@ def choose(model: Model, job: Job) -> tuple[Model, Choice]:
     reference = perplexity(model, ids, target)
     failed = []
     for weights in candidates(job, device)[:-1]:  # the last is fp32, the model as it is
-        converted = to_format(copy.deepcopy(model), weights)
+        converted = apply_format(copy.deepcopy(model), weights)
         ratio = perplexity(converted, ids, target) / reference
         if ratio <= BOUNDS[weights]:
             why = (

@@ -111,11 +111,18 @@ def finish_format(model: Model, weights: str) -> Model:
     return model
 
 
+def check_format(weights: str, *also: str) -> None:
+    """Refuse ``weights`` unless it is a weight format (or one of ``also``: the loader's
+    ``"auto"``), with the list to choose from."""
+    known = (*also, *WEIGHT_FORMATS)
+    if weights not in known:
+        raise ValueError(f"weights={weights!r} is not a weight format; use one of {', '.join(known)}")
+
+
 def runs_fast(weights: str, device: torch.device) -> bool:
     """Whether ``device`` runs ``weights`` faster than emulation: bf16 where it is native, int8
     there or through attnkit's C kernel (AVX2 or NEON), int4 and GGUF blocks through that kernel."""
-    if weights not in WEIGHT_FORMATS:
-        raise ValueError(f"weights={weights!r} is not a weight format; use one of {', '.join(WEIGHT_FORMATS)}")
+    check_format(weights)
     blocks = device.type == "cpu" and kernels.available()
     return {"fp32": True, "bf16": native_bf16(device), "int8": native_bf16(device) or blocks}.get(weights, blocks)
 
@@ -134,11 +141,16 @@ def format_for(weights: str, device: torch.device) -> str:
 
 def to_format(model: Model, weights: str) -> Model:
     """``model`` (in place) with its weights in ``weights`` format, for inference (eval mode);
-    the format this machine runs instead where it cannot run ``weights`` fast (:func:`format_for`).
-    ``"gguf"`` leaves the layers as they are: the blocks :func:`attnkit.interop.gguf.load_gguf`
-    kept, and fp32 where the file had no blocks."""
+    the format this machine runs instead where it cannot run ``weights`` fast (:func:`format_for`)."""
+    return apply_format(model, format_for(weights, next(model.parameters()).device))
+
+
+def apply_format(model: Model, weights: str) -> Model:
+    """``model`` (in place) with its weights in ``weights`` format, one that :func:`format_for`
+    has decided this machine runs, for inference (eval mode). ``"gguf"`` leaves the layers as
+    they are: the blocks :func:`attnkit.interop.gguf.load_gguf` kept, and fp32 where the file
+    had no blocks."""
     device = next(model.parameters()).device
-    weights = format_for(weights, device)
     if weights in ("int8", "int4"):
         blocks = device.type == "cpu" and kernels.available()
         layout = "q4_1" if weights == "int4" else "q8_0" if blocks else ROWS

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from attnkit.models import Model, load_saved
-from attnkit.training.checkpoint import complete_checkpoints
+from attnkit.models.run_dir import complete_checkpoints
 
 
 def average_checkpoints(run_dir: str | Path, last: int) -> tuple[Model, list[Path]]:

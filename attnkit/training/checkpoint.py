@@ -6,7 +6,8 @@ reads it), the optimiser's tensors in ``optimizer.safetensors``, its hyper-param
 trainer's position (step, data position, RNG states) in ``trainer_state.json`` /
 ``rng.safetensors``, and a ``COMPLETE`` marker. It is written into a temporary sibling,
 fsynced, marked complete, then renamed into place: a directory named ``step-*`` with the
-marker is whole, and nothing else is ever resumed; old ones are renamed out of sight before
+marker is whole, and nothing else is ever resumed (finding them, and building a run's model
+from the last: :mod:`attnkit.models.run_dir`); old ones are renamed out of sight before
 they are deleted. Only one process writes (rank 0 under torchrun). Nothing is pickled.
 A save that fails (a full disk, a read-only directory) removes its temporary directory and
 raises :class:`CheckpointSaveError`; the complete checkpoints before it are left as they were.
@@ -27,45 +28,14 @@ import torch
 from safetensors import SafetensorError
 from torch import Tensor
 
-from attnkit.models import Model, load_saved
-from attnkit.models.io import (
-    CONFIG,
-    FORMAT,
-    FORMAT_VERSION,
-    WEIGHTS,
-    attach_tokenizer,
-    load_safetensors,
-    read_json,
-    write_directory,
-)
+from attnkit.models.io import CONFIG, FORMAT, FORMAT_VERSION, WEIGHTS, load_safetensors, read_json, write_directory
+from attnkit.models.run_dir import CHECKPOINTS, MARKER, checkpoint_dir, complete_checkpoints, latest_checkpoint
 
-CHECKPOINTS = "checkpoints"
-MARKER = "COMPLETE"
-_NAME = re.compile(r"^step-(\d{8})$")
 _OS_ERROR = re.compile(r"os error (\d+)")  # how safetensors reports the errno of a failed write
 
 
 class CheckpointSaveError(OSError):
     """A checkpoint could not be written; the complete checkpoints before it are intact."""
-
-
-def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / CHECKPOINTS / f"step-{step:08d}"
-
-
-def checkpoint_step(path: Path) -> int:
-    """The step of checkpoint directory ``path`` (``step-00000100`` -> 100)."""
-    return int(_NAME.match(path.name).group(1))
-
-
-def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first. Half-written ones (no marker, or still
-    under a temporary name) are ignored."""
-    root = Path(run_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / MARKER).is_file()]
-    return sorted(found, key=checkpoint_step)
 
 
 def remove_interrupted(run_dir: Path) -> list[Path]:
@@ -76,11 +46,6 @@ def remove_interrupted(run_dir: Path) -> list[Path]:
     for path in leftovers:
         shutil.rmtree(path, ignore_errors=True)
     return leftovers
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    complete = complete_checkpoints(run_dir)
-    return complete[-1] if complete else None
 
 
 def _optimizer_files(state: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -183,14 +148,3 @@ def load_checkpoint(path: Path) -> tuple[dict[str, Tensor], dict[str, Any], dict
     optimizer = _optimizer_state(optimizer_tensors, trainer_state.pop("optimizer"))
     set_rng_states(rng, trainer_state.pop("python_rng"))
     return weights, optimizer, trainer_state
-
-
-def run_model(run_dir: Path) -> Model:
-    """The model of a training run's directory: its latest complete checkpoint, with the run's
-    tokenizer."""
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
-        raise FileNotFoundError(f"{run_dir} is a run directory without a complete checkpoint yet; train it further")
-    model = load_saved(checkpoint)
-    attach_tokenizer(model, run_dir)
-    return model

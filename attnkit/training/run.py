@@ -3,14 +3,13 @@ tokenizer, the model and objective, resuming, and evaluation.
 
 A run directory holds ``run.json`` (the run config), ``tokenizer.json``, ``metrics.jsonl``
 (one JSON object per line) and ``checkpoints/step-*`` (see
-:mod:`attnkit.training.checkpoint`).
+:mod:`attnkit.training.checkpoint`); :mod:`attnkit.models.run_dir` reads it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
 import shutil
 import statistics
@@ -22,14 +21,23 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from attnkit.config import ModelConfig, RunConfig, apply_overrides, objective_mismatch, run_from_dict
+from attnkit.config import ModelConfig, RunConfig, apply_overrides, objective_mismatch
 from attnkit.data.batching import StepBatches
 from attnkit.data.prepare import Data, batch_positions, load_data, train_batches
 from attnkit.data.specials import ModelSpecials, Specials
 from attnkit.data.tokenizer import has_specials, load_tokenizer
+from attnkit.loading import from_pretrained, is_model
 from attnkit.machine import cpu_class
 from attnkit.models import Model, build_model
-from attnkit.models.io import load_weights
+from attnkit.models.io import CONFIG, TOKENIZER, load_weights
+from attnkit.models.run_dir import (
+    CHECKPOINTS,
+    RUN_CONFIG,
+    checkpoint_step,
+    latest_checkpoint,
+    read_run_config,
+    write_run_config,
+)
 from attnkit.nn import lora
 from attnkit.objectives.base import Objective
 from attnkit.objectives.causal_lm import CausalLM
@@ -38,25 +46,13 @@ from attnkit.objectives.masked_lm import MaskedLM
 from attnkit.objectives.span_corruption import SpanCorruption
 from attnkit.objectives.translation import Translation
 from attnkit.training import distributed
-from attnkit.training.checkpoint import (
-    CHECKPOINTS,
-    checkpoint_step,
-    latest_checkpoint,
-    load_checkpoint,
-    remove_interrupted,
-    run_model,
-)
+from attnkit.training.checkpoint import load_checkpoint, remove_interrupted
 from attnkit.training.distributed import World
 from attnkit.training.evaluate import evaluate
 from attnkit.training.fit import Candidate, FitChoice, FitTable, MachineRecord, choose, measure
 from attnkit.training.trainer import METRICS, Progress, Trainer, trim_metrics
 
 log = logging.getLogger(__name__)
-
-RUN_CONFIG = "run.json"
-MACHINE = "machine"  # run.json's record of the machine the run was fitted to (beside model, train, data)
-TOKENIZER = "tokenizer.json"
-
 
 # Pretrained models train.init may name: the installed package holding each, and the file in
 # it (None: the package's get_model_path()).
@@ -85,32 +81,19 @@ def _named(name: str) -> Path:
 
 
 def pretrained(run: RunConfig) -> Model | None:
-    """The model ``train.init`` names (attnkit's, a training run's or a Hugging Face directory,
-    a Llama GGUF file, or one of :data:`PRETRAINED`), loaded; None without one. Its family must
-    be one that the run's objective trains (:func:`~attnkit.config.objective_mismatch`)."""
-    from attnkit.interop.hf import load_hf
-    from attnkit.models import load_saved
-    from attnkit.models.io import CONFIG, FORMAT, read_json, refuse_pickles
-
+    """The model ``train.init`` names (whatever :func:`attnkit.loading.from_pretrained` loads, or
+    one of :data:`PRETRAINED`), loaded; None without one. Its family must be one that the run's
+    objective trains (:func:`~attnkit.config.objective_mismatch`), and its tokenizer the run's."""
     init = run.train.init
     if init is None:
         return None
-    directory = _named(init) if init in PRETRAINED and not Path(init).exists() else Path(init)
-    if directory.suffix == ".gguf" and directory.is_file():
-        from attnkit.interop.gguf import load_gguf
-
-        model = load_gguf(directory)
-    elif (directory / CONFIG).is_file():
-        refuse_pickles(directory)
-        data = read_json(directory / CONFIG)
-        model = load_saved(directory, data) if data.get("format") == FORMAT else load_hf(directory, data)
-    elif (directory / CHECKPOINTS).is_dir():  # a training run: its latest checkpoint
-        model = run_model(directory)
-    else:
+    source = _named(init) if init in PRETRAINED and not Path(init).exists() else Path(init)
+    if not is_model(source):
         raise ValueError(
             f"train.init={init!r} is not a model directory (no {CONFIG}) nor a training run's; give one written by "
             f"save_pretrained, a Hugging Face one, a run directory, or a known name ({', '.join(PRETRAINED)})"
         )
+    model = from_pretrained(source)
     family = model.config.family
     if why := objective_mismatch(run.objective, family):
         raise ValueError(f"train.init={init!r} is a {family} model: {why}")
@@ -190,22 +173,15 @@ def _start(
     train_batches(run, data)
     run = model_config_for(run, data, None if base is None else base.config)
     prepare_run_dir(run_dir, resume, force)
-    write_run_config(run_dir, run, record)
+    write_run_config(run_dir, run, record.to_dict())
     data.tokenizer.save(str(run_dir / TOKENIZER))
     return data, run, record
 
 
-def write_run_config(run_dir: Path, run: RunConfig, record: MachineRecord | None) -> None:
-    """``run.json``: the run config, and beside it the machine record (what it was fitted to)."""
-    payload = run.to_dict() | ({MACHINE: record.to_dict()} if record is not None else {})
-    (run_dir / RUN_CONFIG).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-
-
-def read_run_config(run_dir: Path) -> tuple[RunConfig, MachineRecord | None]:
+def _read_run(run_dir: Path) -> tuple[RunConfig, MachineRecord | None]:
     """The run config of ``run.json`` and its machine record (None for runs written before it)."""
-    payload = json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8"))
-    record = payload.pop(MACHINE, None) if isinstance(payload, dict) else None
-    return run_from_dict(payload), None if record is None else MachineRecord(**record)
+    run, machine = read_run_config(run_dir)
+    return run, None if machine is None else MachineRecord(**machine)
 
 
 PROBE_STEPS = 5  # batches each candidate trains on twice: once to warm up, once timed
@@ -431,7 +407,7 @@ def train(
         base = pretrained(run) if checkpoint is None else None  # a resumed run's weights are its own
         if checkpoint is None:
             # Resumed before its first checkpoint: the choices its run.json records are kept.
-            kept = read_run_config(run_dir)[1] if resume and (run_dir / RUN_CONFIG).exists() else None
+            kept = _read_run(run_dir)[1] if resume and (run_dir / RUN_CONFIG).exists() else None
             started = distributed.on_main(
                 world,
                 lambda: _start(run, run_dir, prepared, base, world, fit, no_fit, kept, resume, force, progress_bar),
@@ -441,7 +417,7 @@ def train(
                 for line in record.describe():
                     say(line)
         if data is None:  # resumed, or another rank of a new run
-            saved, record = read_run_config(run_dir)
+            saved, record = _read_run(run_dir)
             tokenizer = load_tokenizer(run_dir / TOKENIZER)
             specials = _model_specials(saved, saved.model, tokenizer)
             data = prepared or load_data(run, tokenizer, specials, progress_bar and world.is_main)

@@ -34,10 +34,11 @@ from torch import nn
 from attnkit.config import RunConfig
 from attnkit.data.batching import StepIterator
 from attnkit.machine import compile_cache
+from attnkit.models.run_dir import checkpoint_dir
 from attnkit.objectives.base import IGNORE_INDEX, LossOutput, Objective
 from attnkit.progress import ProgressReport
 from attnkit.training import distributed
-from attnkit.training.checkpoint import checkpoint_dir, save_checkpoint
+from attnkit.training.checkpoint import save_checkpoint
 from attnkit.training.distributed import World
 from attnkit.training.schedule import budget_horizon, horizon_probe, learning_rate
 

@@ -35,14 +35,8 @@ from safetensors.torch import load_file
 
 import attnkit.models.io
 from attnkit.cli import main
-from attnkit.training.checkpoint import (
-    MARKER,
-    checkpoint_dir,
-    checkpoint_step,
-    complete_checkpoints,
-    latest_checkpoint,
-    load_checkpoint,
-)
+from attnkit.models.run_dir import MARKER, checkpoint_dir, checkpoint_step, complete_checkpoints, latest_checkpoint
+from attnkit.training.checkpoint import load_checkpoint
 
 STEPS, EVERY = 60, 3  # a run's steps (ten kills a few steps apart must not reach the end); a checkpoint every EVERY
 TIMEOUT = 120  # seconds for any one wait; a whole run takes about 8 s on a busy core

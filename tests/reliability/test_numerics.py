@@ -35,12 +35,13 @@ from attnkit.data.prepare import cost
 from attnkit.data.specials import Specials
 from attnkit.models import build_model
 from attnkit.models.core import Model
+from attnkit.models.run_dir import latest_checkpoint
 from attnkit.nn.attention import MultiHeadAttention, attention_fused, attention_math, scaled_dot_product_attention
 from attnkit.nn.masks import causal_mask
 from attnkit.objectives.base import LossOutput
 from attnkit.objectives.causal_lm import CausalLM
 from attnkit.training import distributed
-from attnkit.training.checkpoint import latest_checkpoint, load_checkpoint
+from attnkit.training.checkpoint import load_checkpoint
 from attnkit.training.distributed import World
 from attnkit.training.trainer import METRICS, NonFiniteLossError, Trainer
 

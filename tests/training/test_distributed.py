@@ -34,7 +34,7 @@ from safetensors.torch import load_file
 
 import attnkit
 from attnkit.data.batching import ShardedBatches, StepBatches, TokenBatches
-from attnkit.training.checkpoint import MARKER, checkpoint_dir, complete_checkpoints, latest_checkpoint
+from attnkit.models.run_dir import MARKER, checkpoint_dir, complete_checkpoints, latest_checkpoint
 
 STEPS, STOP = 6, 3  # a run's steps; where a session stops mid-run
 CHECKPOINT_FILES = {MARKER, "config.json", "model.safetensors", "optimizer.safetensors", "rng.safetensors",

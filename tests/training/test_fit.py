@@ -14,8 +14,8 @@ import torch
 import attnkit
 from attnkit.cli import main
 from attnkit.config import RUN_PRESETS, apply_overrides, run_preset
+from attnkit.models.run_dir import latest_checkpoint
 from attnkit.training import run as run_module
-from attnkit.training.checkpoint import latest_checkpoint
 from attnkit.training.fit import FIT_TABLES, Candidate, FitTable, choose, fit_for, measure
 
 ROOT = Path(__file__).resolve().parents[2]

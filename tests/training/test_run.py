@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 import attnkit
 from attnkit.cli import main
 from attnkit.config import apply_overrides, run_preset
-from attnkit.training.checkpoint import (
+from attnkit.models.run_dir import (
     MARKER,
     checkpoint_dir,
     checkpoint_step,
