@@ -2,31 +2,25 @@
 int8, 4-bit, or a GGUF file's own blocks, behind the same ``forward`` and ``generate``.
 
 * ``bf16``: every weight and activation in bfloat16, where the CPU computes it natively
-  (AVX512-BF16 or AMX; elsewhere bf16 is emulated and slower than fp32). LayerNorm, RMSNorm and
-  softmax accumulate their statistics in fp32 inside torch's kernels, and decoding takes its
-  log-probabilities of the logits in fp32.
-* ``int8``: every linear map and the vocabulary projection in llama.cpp's Q8_0 blocks of 32, the
-  activations fp32, quantised per block to int16 at each product, and the integer dot products
-  run in attnkit's C kernel (:mod:`attnkit.kernels`: AVX2 on every x86-64 CPU that has it, NEON on
-  ARM64): the same numbers on every CPU class, and fp32's greedy tokens where int8 activations (and bf16's) flipped
-  near-ties. Where that kernel cannot run but bf16 is native: ``W ≈ Q · diag(s)`` row by row,
-  ``Q`` in [-127, 127], the product dequantising on the fly in ``torch._weight_int8pack_mm``
-  with the activations, embeddings, norms and biases in bf16 (that kernel is fast only for bf16
-  inputs: one (1, 768) x (768, 3072) product took 59 µs with bf16 inputs, 131 µs as a bf16
-  matmul, 285 µs fp32, 2.7 ms with fp32 inputs); those rows were int8 on AVX512-BF16 CPUs until
-  2026-12-03, about 10% faster than the blocks there and 17 of fp32's greedy tokens where the
-  blocks give all of them.
-* ``int4``: Q4_1 blocks (4-bit values with an fp16 scale and minimum per 32, chosen per block by
-  least squares: :func:`attnkit.kernels.blocks.quantize`) through the same kernel, on every CPU
-  with AVX2; the vocabulary projection stays Q8_0, as in llama.cpp's 4-bit
-  files (in 4 bits SmolLM2's held-out perplexity rose 8.5% against 0.6% with its Q8_0 head).
+  (AVX512-BF16 or AMX; elsewhere bf16 is emulated and slower than fp32). Norms and softmax
+  accumulate in fp32 inside torch's kernels; decoding takes its log-probabilities in fp32.
+* ``int8``: every linear map and the vocabulary projection in llama.cpp's Q8_0 blocks of 32,
+  the activations quantised per block to int16 at each product, the integer dot products in
+  attnkit's C kernel (:mod:`attnkit.kernels`: AVX2 on x86-64, NEON on ARM64): the same numbers on
+  every CPU class. Where that kernel cannot run but bf16 is native, rows instead:
+  ``W ≈ Q · diag(s)``, ``Q`` in [-127, 127], through ``torch._weight_int8pack_mm`` with bf16
+  activations (that kernel is fast only for bf16 inputs).
+* ``int4``: Q4_1 blocks (4-bit values, an fp16 scale and minimum per 32, chosen per block by
+  least squares: :func:`attnkit.kernels.blocks.quantize`) through the same kernel; the vocabulary
+  projection stays Q8_0, as in llama.cpp's 4-bit files (a 4-bit head costs far more perplexity).
 * ``gguf``: a GGUF file's Q8_0, Q4_0 and Q4_1 tensors kept as the file's blocks, Q4_K as Q4_1
   blocks with the file's values, other quantised types requantised to Q8_0
   (:func:`attnkit.interop.gguf.load_gguf`), its float tensors as they are.
 
 Weight reads are what bound batch-1 decoding: int8 reads about a quarter of fp32's bytes, 4-bit
 blocks (20 bytes per 32 weights) a sixth. A quantised model is saved with its blocks
-(:func:`attnkit.nn.quantized.layouts`, :func:`quantized_shell`) and loads bit-exact without quantising again.
+(:func:`attnkit.nn.quantized.layouts`, :func:`quantized_shell`) and loads bit-exact without
+quantising again. What each format costs and gains, measured: docs/decoding.md.
 """
 
 from __future__ import annotations
