@@ -187,8 +187,8 @@ def loses_the_gemm(model: nn.Module, rows: int) -> bool:
     """Whether a step of ``rows`` rows would be slower compiled than eager: from
     :data:`~attnkit.kernels.gemm.MANY_ROWS` rows on, eager int8 and int4 products go through
     PyTorch's int8 GEMM, which the compiled step cannot trace; it multiplies through attnkit's
-    block kernel instead (the Marian-shaped batch of 32 x 4 beams, int8: 7.6 s compiled against
-    2.8-3.3 s eager, Intel Xeon, 2026-12-06)."""
+    block kernel instead, more than twice as slow on a Marian-shaped batch of 32 x 4 beams
+    (benchmarks/results/compiled-beams-marian-2026-12-06.md)."""
     from attnkit.kernels import gemm
     from attnkit.nn.quantized import layouts
 

@@ -1,20 +1,17 @@
 """``weights="auto"``: the fastest weight format this machine runs for a job, among those whose
 fidelity on the model's own check stays within the bound the docs state.
 
-The order is the measured one (``python -m benchmarks decoding``, results/decoding-*-2026-12-04,
-both CPU classes; docs/performance.md):
+The order is the measured one (``python -m benchmarks decoding`` on both CPU classes; the
+figures and their results files: docs/decoding.md):
 
 * ``"decode"``, one row or a few (``generate``, ``chat``, ``serve``): weight reads bound the
-  step, so the fewest bytes win: int8 (GPT-2 124M: 102 tok/s eager, 171 compiled), bf16 where
-  native (48, 101), fp32 (45, 54). int4 is faster still (134, 260) but is not chosen for the
-  user: on SmolLM2 it passed the check (0.987x fp32's perplexity) and still answered "What is the
+  step, so the fewest bytes win: int8, then bf16 where native, then fp32. int4 is faster still
+  but is not chosen for the user: on SmolLM2 it passed the check and still answered "What is the
   capital of France?" with a French phrase repeated to the end, where int8 and fp32 answer
-  "Paris" (docs/performance.md); it stays one flag away, ``--weights int4``;
+  "Paris"; it stays one flag away, ``--weights int4``;
 * ``"translate"``, batches of beams: the products are many rows deep, where int8 meets PyTorch's
-  int8 GEMM (:mod:`attnkit.kernels.gemm`): on the Marian-shaped case (batch 32, beam 4;
-  results/decoding-*-2026-12-05) int8 1.15x CTranslate2 int8 on both classes (AVX2 forced),
-  bf16 where native 1.14x, fp32 0.58x (0.90x on the AVX2 path); int4 meets the same GEMM, so
-  it is no faster there and not chosen.
+  int8 GEMM (:mod:`attnkit.kernels.gemm`) and leads, then bf16 where native, then fp32; int4
+  meets the same GEMM, so it is no faster there and not chosen.
 
 The check: the perplexity of a fixed English text (:data:`CHECK_TEXT`, through the model's own
 tokenizer) under the candidate, against fp32's (an encoder–decoder reads the text as its source
