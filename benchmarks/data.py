@@ -36,12 +36,12 @@ import json, sys, time
 start = float(sys.argv[1])
 from attnkit.training import trainer
 first = {}
-step = trainer.Trainer._step
+step = trainer.Trainer.step
 def timed(self, batches):
     out = step(self, batches)
     first.setdefault("first_step_seconds", time.time() - start)
     return out
-trainer.Trainer._step = timed
+trainer.Trainer.step = timed
 from attnkit.config import apply_overrides, run_preset
 from attnkit.training.run import train
 run = apply_overrides(run_preset(sys.argv[2]), json.loads(sys.argv[3]))

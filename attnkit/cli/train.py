@@ -212,11 +212,12 @@ def stop_on_signals(stop: threading.Event, received: list[int]) -> Iterator[None
 
 def print_translation_report(run_dir: str, run: RunConfig, split: str = "test") -> None:
     import attnkit
+    from attnkit.chapter.alignment import plot_alignment
     from attnkit.training.report import plot_training_curve, translation_report
 
     model = attnkit.from_pretrained(run_dir)
     pairs = held_out(run, split)
-    report = translation_report(model, model.tokenizer, pairs, run.data.max_tokens, Path(run_dir) / "alignment.png")
+    report = translation_report(model, model.tokenizer, pairs, run.data.max_tokens)
     print(f"held-out {split} ({report.sentences} sentences), sacreBLEU {report.greedy.signature}:")
     for label, scores in [
         ("greedy", report.greedy),
@@ -226,8 +227,9 @@ def print_translation_report(run_dir: str, run: RunConfig, split: str = "test") 
         print(f"  {label:<37}BLEU {scores.bleu:5.2f}  chrF {scores.chrf:5.2f}")
     for source, reference, hypothesis in report.samples:
         print(f"  source:    {source}\n  reference: {reference}\n  attnkit:   {hypothesis}")
-    if report.figure is not None:
-        print(f"cross-attention alignment of the first sample: {report.figure}")
+    if report.samples:
+        figure = plot_alignment(model, model.tokenizer, report.samples[0][0], Path(run_dir) / "alignment.png")
+        print(f"cross-attention alignment of the first sample: {figure}")
     curve = plot_training_curve(Path(run_dir), Path(run_dir) / "curve.png")
     print(f"training curve (loss and learning rate against seconds): {curve}")
 

@@ -1,6 +1,7 @@
 """What a translation run shows at the end: sacreBLEU of greedy and beam decoding on held-out
-text, sample translations beside their references, and the cross-attention alignment of one
-sentence."""
+text and sample translations beside their references (the caller draws the cross-attention
+alignment of the first, :func:`attnkit.chapter.alignment.plot_alignment`: training does not
+import the chapter)."""
 
 from __future__ import annotations
 
@@ -112,7 +113,6 @@ class TranslationReport:
     beam: Scores  # the paper's beam: 4, α = 0.6
     tuned: Scores  # TUNED_BEAM
     samples: list[tuple[str, str, str]]  # (source, reference, TUNED_BEAM translation)
-    figure: Path | None
     seconds: float
 
 
@@ -121,23 +121,17 @@ def translation_report(
     tokenizer: Tokenizer,
     pairs: Sequence[tuple[str, str]],
     max_tokens: int,
-    figure: Path | None = None,
     samples: int = 5,
 ) -> TranslationReport:
     """Score ``pairs`` with greedy decoding, the paper's beam 4 (α = 0.6) and
-    :data:`TUNED_BEAM`, keep a few samples of the last, and draw the alignment of the first
-    sample's source into ``figure``."""
+    :data:`TUNED_BEAM`, and keep a few samples of the last."""
     start = time.perf_counter()
     model.eval()
     greedy = score_translations(model, tokenizer, pairs, max_tokens, num_beams=1)
     beam = score_translations(model, tokenizer, pairs, max_tokens, **BEAM)
     tuned = score_translations(model, tokenizer, pairs, max_tokens, **TUNED_BEAM)
     shown = [(s, r, h) for (s, r), h in zip(pairs[:samples], tuned.hypotheses[:samples], strict=True)]
-    if figure is not None and shown:
-        from attnkit.chapter.alignment import plot_alignment
-
-        figure = plot_alignment(model, tokenizer, shown[0][0], figure)
-    return TranslationReport(len(pairs), greedy, beam, tuned, shown, figure, time.perf_counter() - start)
+    return TranslationReport(len(pairs), greedy, beam, tuned, shown, time.perf_counter() - start)
 
 
 def plot_training_curve(run_dir: Path, path: Path) -> Path:

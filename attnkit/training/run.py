@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer
@@ -212,7 +213,7 @@ def _probe(run: RunConfig, data: Data, table: FitTable, world: World, precision:
 
         def one() -> float:
             step_batches = next(cycle)
-            trainer._step(step_batches)
+            trainer.step(step_batches)
             return sum(batch_positions(b, example_costs) for b in step_batches) / typical  # its size / a typical step's
 
         return one
@@ -354,7 +355,164 @@ def _resumed_config(saved: RunConfig, requested: RunConfig) -> RunConfig:
     return RunConfig(model=saved.model, train=dataclasses.replace(saved.train, **train_changes), data=saved.data)
 
 
-def train(
+class Recipe:
+    """One training run in the shape of torchtune's recipes: :meth:`setup` joins the world and
+    makes the run directory, the data, the model (new, fine-tuned from ``train.init``, or resumed
+    from the run's latest complete checkpoint) and its trainer; :meth:`train` trains it and
+    evaluates the end; :meth:`close` leaves the world. :func:`train` runs the three.
+
+    ``resume``, ``force``, ``data``, ``fit``, ``no_fit`` and ``announce`` are :func:`train`'s."""
+
+    def __init__(
+        self,
+        run: RunConfig,
+        run_dir: Path,
+        resume: bool = False,
+        force: bool = False,
+        data: Data | None = None,
+        fit: FitTable | None = None,
+        no_fit: str = "",
+        announce: Callable[[str], None] | None = None,
+    ) -> None:
+        self.run, self.run_dir, self.resume, self.force = run, run_dir, resume, force
+        self.prepared, self.fit, self.no_fit = data, fit, no_fit
+        self.say = announce or (lambda line: log.info("%s", line))
+        self.world: World | None = None  # joined by setup, left by close
+
+    def setup(self, progress_bar: bool = True, stop: threading.Event | None = None) -> None:
+        """Everything up to the first step; ``stop``, once set, ends training after a step (with
+        a checkpoint)."""
+        self.world = world = distributed.init_world(self.run.train.device)
+        # An unknown or impossible CPU class, or fp16 on a CPU, is refused before anything is written.
+        distributed.precision_choice(self.run.train.precision, world.device, self.run.train.cpu_class)
+        if world.distributed and self.fit is not None:
+            self.fit, self.no_fit = None, "a distributed run (size the model with --model.* options)"
+        # Under torchrun rank 0 alone prepares the directory and, for a new run, trains the
+        # tokenizer and writes it; the other ranks wait, then read that same tokenizer back.
+        distributed.on_main(world, self._check_or_tidy)
+        checkpoint = latest_checkpoint(self.run_dir) if self.resume else None
+        if self.resume and checkpoint is None and world.is_main:
+            log.warning("no complete checkpoint in %s: starting from the beginning", self.run_dir)
+        base = pretrained(self.run) if checkpoint is None else None  # a resumed run's weights are its own
+        precision = self._data(checkpoint, base, progress_bar)
+        self.model = self._model(base)
+        resumed = None
+        if checkpoint is not None:  # into the bare model, before DDP or FSDP take it over
+            weights, optimizer_state, state = load_checkpoint(checkpoint)
+            load_weights(self.model, weights, str(checkpoint))
+            resumed = optimizer_state, state
+        self.objective = make_objective(self.run, self.data.specials)
+        self.trainer = self._trainer(stop, precision)
+        if resumed is not None:
+            self._resume(*resumed)
+        if base is not None:  # where fine-tuning starts from: the pretrained model's validation scores
+            before = evaluate(self.model, self.objective, self.data.valid, self.run, self.data.tokenizer)
+            if world.is_main:
+                self.trainer.write_metrics({"split": "valid", "step": 0, "before_fine_tuning": True, **before})
+                log.info(
+                    "before fine-tuning: validation loss %.4g, perplexity %.4g", before["loss"], before["perplexity"]
+                )
+
+    def train(
+        self, progress_bar: bool = True, session_steps: int | None = None, progress_every: float = 30.0
+    ) -> tuple[Progress, dict[str, float]]:
+        """Train to the run's end (or ``session_steps`` more steps); where it ended, and the final
+        evaluation on the validation split."""
+        progress = self.trainer.fit(progress_bar, session_steps, progress_every)
+        final = evaluate(self.model, self.objective, self.data.valid, self.run, self.data.tokenizer, bleu=True)
+        if self.world.is_main:
+            self.trainer.write_metrics({"split": "valid", "step": progress.step, "final": True, **final})
+        return progress, final
+
+    def close(self) -> None:
+        """Leave the world :meth:`setup` joined (the process group under torchrun); a no-op after
+        a setup that failed before joining."""
+        if self.world is not None:
+            distributed.close_world(self.world)
+            self.world = None
+
+    def _check_or_tidy(self) -> None:
+        """A resumed run is tidied; a new one is made once it is known to start (:func:`_start`)."""
+        if check_run_dir(self.run_dir, self.resume, self.force) and self.resume:
+            prepare_run_dir(self.run_dir, self.resume, self.force)
+
+    def _data(self, checkpoint: Path | None, base: Model | None, progress_bar: bool) -> str | None:
+        """The run's data and its final config (a new run's written into the run directory, a
+        resumed one's read from there); the precision the run chose, None for the trainer to."""
+        world, run_dir, run, data, saved, record = self.world, self.run_dir, self.run, None, None, None
+        if checkpoint is None:
+            # Resumed before its first checkpoint: the choices its run.json records are kept.
+            kept = _read_run(run_dir)[1] if self.resume and (run_dir / RUN_CONFIG).exists() else None
+            started = distributed.on_main(
+                world,
+                lambda: _start(
+                    run, run_dir, self.prepared, base, world, self.fit, self.no_fit, kept, self.resume, self.force,
+                    progress_bar,
+                ),
+            )  # fmt: skip
+            if started is not None:
+                data, run, record = started
+                for line in record.describe():
+                    self.say(line)
+        if data is None:  # resumed, or another rank of a new run
+            saved, record = _read_run(run_dir)
+            tokenizer = load_tokenizer(run_dir / TOKENIZER)
+            specials = _model_specials(saved, saved.model, tokenizer)
+            data = self.prepared or load_data(run, tokenizer, specials, progress_bar and world.is_main)
+            if record is not None and record.fit is not None:  # the machine's choice, kept
+                run = apply_overrides(run, record.fit["changes"])
+            if checkpoint is not None and record is not None and world.is_main:
+                self.say(f"resumed: the run keeps the choices it made on {record.cpu_class}: {record.precision}"
+                         + (f", {record.fit['chosen']}" if record.fit else ""))  # fmt: skip
+        run = model_config_for(run, data, None if base is None else base.config)
+        if checkpoint is not None:  # a resumed run keeps its config, but for when to stop and report
+            run = _resumed_config(saved, run)
+        self.run, self.data = run, data
+        return record.precision if record is not None else None
+
+    def _model(self, base: Model | None) -> Model:
+        """The run's model on its device: new, or ``base``'s weights with the task's head as
+        initialised and then any adapters (fine-tuning)."""
+        run, device = self.run, self.world.device
+        torch.manual_seed(run.train.seed)  # the initial weights
+        if base is None:
+            return build_model(run.model).to(device)
+        model = build_model(run.model.replace(lora_rank=0))
+        _copy_pretrained(model, base)
+        if run.model.lora_rank:
+            lora.add(model, run.model.lora_rank, run.model.lora_alpha, run.model.lora_targets)
+            if getattr(model, "classifier", None) is not None:  # a new head learns whole beside the adapters
+                model.classifier.requires_grad_(True)
+        model.config = run.model
+        return model.to(device)
+
+    def _trainer(self, stop: threading.Event | None, precision: str | None) -> Trainer:
+        run, data, model, objective, world = self.run, self.data, self.model, self.objective, self.world
+        batches = train_batches(run, data)
+        self.batches = iter(StepBatches(batches, world.rank, world.size, run.train.batches_per_step))
+        return Trainer(
+            run, self.run_dir, model, objective, data.train, self.batches, world,
+            evaluate=lambda: evaluate(model, objective, data.valid, run, data.tokenizer, bleu=True), stop=stop,
+            precision=precision, announce=self.say,
+        )  # fmt: skip
+
+    def _resume(self, optimizer_state: dict[str, Any], state: dict[str, Any]) -> None:
+        """The trainer where the checkpoint left it: the optimiser's state, the progress and the
+        position in the data."""
+        trainer, batches = self.trainer, self.batches
+        distributed.load_optimizer(trainer.model, trainer.optimizer, optimizer_state)
+        trainer.progress = Progress(**state["progress"])
+        if trainer.progress.step_batches != batches.source.group and self.world.is_main:
+            log.warning(
+                "the run's steps trained on %d batches (world size x train.batches_per_step); these train on "
+                "%d: a different batch per update, and the data order continues approximately",
+                trainer.progress.step_batches, batches.source.group,
+            )  # fmt: skip
+        batches.load_state_dict(trainer.progress.data)
+        log.info("resumed %s at step %d", self.run_dir, trainer.progress.step)
+
+
+def train(  # twelve parameters: the one call of the command line, the chapter and the benchmarks
     run: RunConfig,
     run_dir: str | Path,
     resume: bool = False,
@@ -383,99 +541,9 @@ def train(
     best one for its budget (``no_fit``: why it is not fitted, for the record); both are saved
     in ``run.json`` and kept on resume. ``announce`` receives those choices as lines (the
     command line prints them; by default they are logged)."""
-    prepared = data
-    run_dir = Path(run_dir)
-    world = distributed.init_world(run.train.device)
-    say = announce or (lambda line: log.info("%s", line))
+    recipe = Recipe(run, Path(run_dir), resume, force, data, fit, no_fit, announce)
     try:
-        # An unknown or impossible CPU class, or fp16 on a CPU, is refused before anything is written.
-        distributed.precision_choice(run.train.precision, world.device, run.train.cpu_class)
-        if world.distributed and fit is not None:
-            fit, no_fit = None, "a distributed run (size the model with --model.* options)"
-
-        def check_or_tidy() -> None:  # a resumed run is tidied; a new one is made once it is known to start
-            if check_run_dir(run_dir, resume, force) and resume:
-                prepare_run_dir(run_dir, resume, force)
-
-        # Under torchrun rank 0 alone prepares the directory and, for a new run, trains the
-        # tokenizer and writes it; the other ranks wait, then read that same tokenizer back.
-        distributed.on_main(world, check_or_tidy)
-        checkpoint = latest_checkpoint(run_dir) if resume else None
-        if resume and checkpoint is None and world.is_main:
-            log.warning("no complete checkpoint in %s: starting from the beginning", run_dir)
-        data, saved, record = None, None, None
-        base = pretrained(run) if checkpoint is None else None  # a resumed run's weights are its own
-        if checkpoint is None:
-            # Resumed before its first checkpoint: the choices its run.json records are kept.
-            kept = _read_run(run_dir)[1] if resume and (run_dir / RUN_CONFIG).exists() else None
-            started = distributed.on_main(
-                world,
-                lambda: _start(run, run_dir, prepared, base, world, fit, no_fit, kept, resume, force, progress_bar),
-            )
-            if started is not None:
-                data, run, record = started
-                for line in record.describe():
-                    say(line)
-        if data is None:  # resumed, or another rank of a new run
-            saved, record = _read_run(run_dir)
-            tokenizer = load_tokenizer(run_dir / TOKENIZER)
-            specials = _model_specials(saved, saved.model, tokenizer)
-            data = prepared or load_data(run, tokenizer, specials, progress_bar and world.is_main)
-            if record is not None and record.fit is not None:  # the machine's choice, kept
-                run = apply_overrides(run, record.fit["changes"])
-            if checkpoint is not None and record is not None and world.is_main:
-                say(f"resumed: the run keeps the choices it made on {record.cpu_class}: {record.precision}"
-                    + (f", {record.fit['chosen']}" if record.fit else ""))  # fmt: skip
-        run = model_config_for(run, data, None if base is None else base.config)
-        if checkpoint is not None:  # a resumed run keeps its config, but for when to stop and report
-            run = _resumed_config(saved, run)
-        precision = record.precision if record is not None else None
-        torch.manual_seed(run.train.seed)  # the initial weights
-        if base is None:
-            model = build_model(run.model).to(world.device)
-        else:  # fine-tuning: the pretrained weights, the task's head as initialised, then any adapters
-            model = build_model(run.model.replace(lora_rank=0))
-            _copy_pretrained(model, base)
-            if run.model.lora_rank:
-                lora.add(model, run.model.lora_rank, run.model.lora_alpha, run.model.lora_targets)
-                if getattr(model, "classifier", None) is not None:  # a new head learns whole beside the adapters
-                    model.classifier.requires_grad_(True)
-            model.config = run.model
-            model = model.to(world.device)
-        state = None
-        if checkpoint is not None:  # into the bare model, before DDP or FSDP take it over
-            weights, optimizer_state, state = load_checkpoint(checkpoint)
-            load_weights(model, weights, str(checkpoint))
-        objective = make_objective(run, data.specials)
-        batches = train_batches(run, data)
-        iterator = iter(StepBatches(batches, world.rank, world.size, run.train.batches_per_step))
-        trainer = Trainer(
-            run, run_dir, model, objective, data.train, iterator, world,
-            evaluate=lambda: evaluate(model, objective, data.valid, run, data.tokenizer, bleu=True), stop=stop,
-            precision=precision, announce=say,
-        )  # fmt: skip
-        if state is not None:
-            distributed.load_optimizer(trainer.model, trainer.optimizer, optimizer_state)
-            trainer.progress = Progress(**state["progress"])
-            if trainer.progress.step_batches != iterator.source.group and world.is_main:
-                log.warning(
-                    "the run's steps trained on %d batches (world size x train.batches_per_step); these train on "
-                    "%d: a different batch per update, and the data order continues approximately",
-                    trainer.progress.step_batches, iterator.source.group,
-                )  # fmt: skip
-            iterator.load_state_dict(trainer.progress.data)
-            log.info("resumed %s at step %d", run_dir, trainer.progress.step)
-        if base is not None:  # where fine-tuning starts from: the pretrained model's validation scores
-            before = evaluate(model, objective, data.valid, run, data.tokenizer)
-            if world.is_main:
-                trainer.write_metrics({"split": "valid", "step": 0, "before_fine_tuning": True, **before})
-                log.info(
-                    "before fine-tuning: validation loss %.4g, perplexity %.4g", before["loss"], before["perplexity"]
-                )
-        progress = trainer.fit(progress_bar, session_steps, progress_every)
-        final = evaluate(model, objective, data.valid, run, data.tokenizer, bleu=True)
-        if world.is_main:
-            trainer.write_metrics({"split": "valid", "step": progress.step, "final": True, **final})
-        return progress, final
+        recipe.setup(progress_bar, stop)
+        return recipe.train(progress_bar, session_steps, progress_every)
     finally:
-        distributed.close_world(world)
+        recipe.close()

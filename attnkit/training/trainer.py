@@ -225,8 +225,9 @@ class Trainer:
 
     # -- one step -------------------------------------------------------------------------
 
-    def _step(self, step_batches: list[list[int]]) -> dict[str, float]:
-        """One optimiser step on this process's batches of example indices."""
+    def step(self, step_batches: list[list[int]]) -> dict[str, float]:
+        """One optimiser step on this process's batches of example indices (the training loop's,
+        and the fit probe's: :func:`attnkit.training.run.train` with a fit table times these)."""
         cfg, step = self.run.train, self.progress.step + 1
         lr = learning_rate(step, cfg, self.run.model.d_model, self.progress.horizon)
         for group in self.optimizer.param_groups:
@@ -377,7 +378,7 @@ class Trainer:
                 if stopped:
                     break
                 step_start = time.perf_counter()
-                stats = self._step(next(self.batches))
+                stats = self.step(next(self.batches))
                 if compiling:
                     compiling = False
                     seconds = time.perf_counter() - step_start

@@ -193,13 +193,13 @@ def test_the_probe_times_a_step_of_batches_per_step_batches(
     tmp_path: Path, pairs: Path, tiny_table: FitTable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sizes = []
-    step = run_module.Trainer._step
+    step = run_module.Trainer.step
 
     def counted(self, batches):  # every step trained, the probe's included
         sizes.append(len(batches))
         return step(self, batches)
 
-    monkeypatch.setattr(run_module.Trainer, "_step", counted)
+    monkeypatch.setattr(run_module.Trainer, "step", counted)
     argv = ["train", "--preset", "transformer-tiny", "--data.path", str(pairs), *FAST, "--train.batches_per_step=2"]
     assert main([*argv, "--out", str(tmp_path / "r")]) == 0
     assert record(tmp_path / "r")["fit"] is not None and len(sizes) > 10 and set(sizes) == {2}
