@@ -50,6 +50,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run, accepts_overrides=True)
 
 
+# The command's steps in the order it prints them (config, machine, fit, train, report, the
+# resume line); each step is a call into the library, the length is their sequence.
 def run(args: argparse.Namespace) -> int:
     import json
 

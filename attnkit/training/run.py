@@ -141,6 +141,8 @@ def _model_specials(run: RunConfig, cfg: ModelConfig | None, tokenizer: Tokenize
     return ModelSpecials(cfg.vocab_size, cfg.pad_token_id, bos, eos)
 
 
+# Eleven parameters: everything a run's start decides from (its config, directory, data,
+# machine, resume) handed over once, so that Recipe.setup reads as its steps.
 def _start(
     run: RunConfig,
     run_dir: Path,

@@ -170,6 +170,8 @@ def _untrained_parameters(model: nn.Module, objective: Objective, example: Any) 
 class Trainer:
     """Runs optimiser steps until ``train.max_steps`` or ``train.time_budget``."""
 
+    # Eleven parameters: a trainer is built once per run from what the recipe made (model, data,
+    # objective, world, precision, the resumed progress); each is used, none is derived here.
     def __init__(
         self,
         run: RunConfig,
@@ -225,6 +227,8 @@ class Trainer:
 
     # -- one step -------------------------------------------------------------------------
 
+    # One optimiser step as the chapter's loop reads it (forward, loss, backward, clip, update,
+    # schedule), with accumulation and the non-finite guard agreed across ranks: kept whole.
     def step(self, step_batches: list[list[int]]) -> dict[str, float]:
         """One optimiser step on this process's batches of example indices (the training loop's,
         and the fit probe's: :func:`attnkit.training.run.train` with a fit table times these)."""
@@ -340,6 +344,8 @@ class Trainer:
                 if isinstance(value, float | int) and key != "step":
                     self._tensorboard.add_scalar(f"{record['split']}/{key}", value, record["step"])
 
+    # The loop: steps, evaluation, checkpoints, stops and budgets in one place, in the order they
+    # must happen; each is a call, the length is their interleaving.
     def fit(
         self, progress_bar: bool = True, session_steps: int | None = None, progress_every: float = 30.0
     ) -> Progress:
