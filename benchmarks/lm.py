@@ -20,11 +20,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+import attnkit.generation  # noqa: F401  gives attnkit's models their generate() (Model.decoding)
 from attnkit.config import RunConfig, apply_overrides, run_preset
 from attnkit.data.batching import TokenBatches
 from attnkit.data.prepare import Data, cost
 from attnkit.data.tokenizer import decode
-from attnkit.generation import generate
 from attnkit.models import build_model
 from attnkit.objectives.base import IGNORE_INDEX
 from attnkit.objectives.causal_lm import CausalLM
@@ -106,8 +106,8 @@ class _Side:
         tokenizer, out = self.data.tokenizer, {}
         for prompt in PROMPTS:
             ids = torch.tensor([[self.data.specials.bos, *tokenizer.encode(prompt).ids]])
-            generated = generate(
-                self.model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+            generated = self.model.generate(  # attnkit's or transformers' own, as the side is
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
                 eos_token_id=self.data.specials.eos, pad_token_id=self.data.specials.pad,
             )  # fmt: skip
             out[prompt] = decode(tokenizer, generated[0, 1:].tolist())
