@@ -38,13 +38,8 @@ def named(text: str) -> set[str]:
 
 
 def missing(text: str) -> list[str]:
-    absent = []
-    for name in sorted(named(text)):
-        for one in expand(name.removesuffix(".*")) if name.endswith(".*") else expand(name):
-            found = list(RESULTS.glob(one + ".*")) if name.endswith(".*") else list(RESULTS.glob(one))
-            if not found:
-                absent.append(one)
-    return absent
+    """The names of ``text``'s results files (globs and braces expanded) that match no file."""
+    return [one for name in sorted(named(text)) for one in expand(name) if not any(RESULTS.glob(one))]
 
 
 def test_the_check_sees_paths_braces_globs_and_bare_names() -> None:
