@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from attnkit.cli.common import (
+    FLAGS,
     add_compile_flag,
     add_grammar_flag,
     add_model_flag,
@@ -53,6 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from attnkit.generation.options import DecodingOptions
     from attnkit.generation.text import TextStream, chat_prompt
 
     model = load_for(args.model, "generate", args.weights)
@@ -62,8 +64,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"{args.model} has no chat template (tokenizer_config.json's chat_template); use attnkit generate"
         )
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    sampling = dict(temperature=args.temperature, top_p=args.top_p) if args.do_sample else {}
+    options = DecodingOptions.named(
+        FLAGS, model.generation_defaults, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+        compile=compile_option(args), **sampling, **grammar,
+    )  # fmt: skip
     tokenizer = tokenizer_of(model, args.model, ids_hint=False)
     cfg = model.config
     messages = [{"role": "system", "content": args.system}] if args.system else []
@@ -83,9 +88,8 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
 
         seed = None if args.seed is None else args.seed + number
-        sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, seed=seed)
-        options = {"compile": compile_option(args), **grammar, **(sampling if args.do_sample else {})}
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, streamer=stream, **options)
+        turn = options.but(max_new_tokens=new_tokens, seed=seed)
+        out = model.generate(torch.tensor([prompt]), streamer=stream, options=turn)
         print(reply.finish(), flush=True)
         if grammar and cfg.eos_token_id not in out[0, len(prompt) :].tolist():
             print(f"attnkit: warning: the reply was cut at {new_tokens} tokens before its JSON was complete; it is "

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import os
 import stat
 import sys
@@ -21,6 +20,7 @@ from attnkit.config import RunConfig
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from attnkit.generation.options import DecodingOptions
     from attnkit.models import Model
 
 _T = TypeVar("_T")
@@ -92,55 +92,48 @@ def tokenizer_of(model: Model, directory: str, ids_hint: bool) -> Tokenizer:
 # The decoding flags a checkpoint's generation_config.json may set instead (max_length counts
 # for --max-new-tokens).
 FILE_DEFAULTED = ("max_new_tokens", "num_beams", "length_penalty", "length_penalty_style", "no_repeat_ngram_size")
+# Each decoding option's flag: an option out of its range is refused naming the flag typed.
+FLAGS = {
+    "max_new_tokens": "--max-new-tokens", "num_beams": "--num-beams", "length_penalty": "--length-penalty",
+    "length_penalty_style": "--length-penalty-style", "do_sample": "--do-sample", "temperature": "--temperature",
+    "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed", "eos_token_id": "--eos-id", "pad_token_id": "--pad-id",
+    "no_repeat_ngram_size": "--no-repeat-ngram-size", "no_repeat_ngram_unit": "--no-repeat-ngram-unit",
+    "source_length_offset": "--source-length-offset", "compile": "--compile",
+}  # fmt: skip
 
 
-def decoding_options(args: argparse.Namespace, model: Model, fallback: dict[str, object]) -> dict:
-    """``generate`` keyword arguments from the decoding flags, each checked with the flag's name.
-    A flag left out is left to the checkpoint's ``generation_config.json`` where that sets it
-    (``model.generation_defaults``), else takes ``fallback`` (the command's own default);
-    ``--do-sample`` without ``--num-beams`` samples one path."""
+def decoding_options(
+    args: argparse.Namespace, model: Model, fallback: dict[str, object], **more: object
+) -> DecodingOptions:
+    """The decoding flags (and ``more`` options, such as a grammar) as one
+    :class:`~attnkit.generation.options.DecodingOptions`, an option out of its range refused
+    naming its flag. A flag left out is left to the checkpoint's ``generation_config.json``
+    where that sets it (``model.generation_defaults``); the lengths, beams and penalty of
+    :data:`FILE_DEFAULTED` else take ``fallback`` (the command's own defaults). Sampling is
+    asked for by ``--do-sample`` only, which without ``--num-beams`` samples one path."""
+    from attnkit.generation.options import DecodingOptions
+
     file = model.generation_defaults
     given = {key: getattr(args, key) for key in FILE_DEFAULTED}
     if args.do_sample and given["num_beams"] is None:
         given["num_beams"] = 1
     in_file = {key: key in file or (key == "max_new_tokens" and "max_length" in file) for key in FILE_DEFAULTED}
     options = {k: fallback.get(k) if v is None else v for k, v in given.items() if v is not None or not in_file[k]}
-    effective = {**file, **options}
-    for flag, value in [("--max-new-tokens", given["max_new_tokens"]), ("--num-beams", given["num_beams"])]:
-        if value is not None and value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    for flag, value in [("--temperature", args.temperature), ("--length-penalty", args.length_penalty)]:
-        if value is not None and not math.isfinite(value):
-            raise ValueError(f"{flag} must be a finite number, got {value}")
-    if args.temperature is not None and not args.temperature > 0:
-        raise ValueError(f"--temperature must be > 0, got {args.temperature}")
-    if args.top_k is not None and args.top_k < 1:
-        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
-    flags = {"--temperature": args.temperature, "--top-k": args.top_k, "--top-p": args.top_p}
-    set_without_sampling = [flag for flag, value in flags.items() if value is not None]
+    sampling = {"--temperature": args.temperature, "--top-k": args.top_k, "--top-p": args.top_p}
+    set_without_sampling = [flag for flag, value in sampling.items() if value is not None]
     if set_without_sampling and not args.do_sample:
         verb = "applies" if len(set_without_sampling) == 1 else "apply"
         raise ValueError(f"{', '.join(set_without_sampling)} {verb} only when sampling; add --do-sample")
-    if args.do_sample and effective.get("num_beams", 1) > 1:
-        raise ValueError(f"--do-sample samples one path per input; use --num-beams 1 (got {effective['num_beams']})")
-    check_no_repeat_ngram_size(args, effective.get("no_repeat_ngram_size"))
     for flag, value in [("--eos-id", args.eos_id), ("--pad-id", args.pad_id)]:
         if value is not None and not 0 <= value < model.config.vocab_size:
             raise ValueError(f"{flag} must be a token id in [0, {model.config.vocab_size}), got {value}")
-    return dict(
-        **options,
-        **no_repeat_options(args),
-        do_sample=args.do_sample,
-        temperature=1.0 if args.temperature is None else args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        eos_token_id=args.eos_id,
-        pad_token_id=args.pad_id,
-        compile=compile_option(args),
+    flagged = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_token_id=args.eos_id,
+                   pad_token_id=args.pad_id, no_repeat_ngram_unit=args.no_repeat_ngram_unit)  # fmt: skip
+    flagged = {key: value for key, value in flagged.items() if value is not None}
+    return DecodingOptions.named(
+        FLAGS, file, **options, **flagged, do_sample=args.do_sample, compile=compile_option(args), **more
     )
 
 
@@ -195,7 +188,12 @@ def add_decoding_flags(parser: argparse.ArgumentParser, fallback: dict[str, obje
     )
     add_no_repeat_ngram_flag(group)
     group.add_argument("--do-sample", action="store_true", help="sample instead of taking the most likely token")
-    group.add_argument("--temperature", metavar="T", type=float, help="sampling temperature > 0 (default 1.0)")
+    group.add_argument(
+        "--temperature",
+        metavar="T",
+        type=float,
+        help="sampling temperature > 0 (default: the checkpoint's generation_config.json, else 1.0)",
+    )
     group.add_argument("--top-k", metavar="K", type=int, help="sample among the k most likely tokens")
     group.add_argument(
         "--top-p", metavar="P", type=float, help="sample from the smallest set of tokens with mass >= p, in (0, 1]"
@@ -269,15 +267,6 @@ def require(*packages: str) -> None:
         importlib.import_module(package)
 
 
-def check_no_repeat_ngram_size(args: argparse.Namespace, size: int | None) -> None:
-    """The n-gram flags; ``size``: the one decoding will use (the flag's, else the checkpoint's
-    generation_config.json's)."""
-    if args.no_repeat_ngram_size is not None and args.no_repeat_ngram_size < 1:
-        raise ValueError(f"--no-repeat-ngram-size must be >= 1, got {args.no_repeat_ngram_size} (3 is usual)")
-    if args.no_repeat_ngram_unit is not None and size is None:
-        raise ValueError("--no-repeat-ngram-unit is the unit of --no-repeat-ngram-size; add --no-repeat-ngram-size N")
-
-
 def add_no_repeat_ngram_flag(group: argparse._ActionsContainer) -> None:
     group.add_argument(
         "--no-repeat-ngram-size", metavar="N", type=int, help="never output the same N-gram twice (default: off)"
@@ -288,11 +277,6 @@ def add_no_repeat_ngram_flag(group: argparse._ActionsContainer) -> None:
         help="what the N-grams of --no-repeat-ngram-size are made of: token ids (the default, as transformers) "
         "or the text's words (also catches a repeat spelt by other tokens)",
     )
-
-
-def no_repeat_options(args: argparse.Namespace) -> dict[str, object]:
-    """The unit flag as a ``generate`` option (the size is one of :data:`FILE_DEFAULTED`)."""
-    return {} if args.no_repeat_ngram_unit is None else {"no_repeat_ngram_unit": args.no_repeat_ngram_unit}
 
 
 MODEL_DIR = "model directory (attnkit's or Hugging Face's)"
@@ -366,9 +350,9 @@ def in_batches(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
         yield batch
 
 
-def until_eos(tokens: list[int], eos: int | None) -> list[int]:
-    """The generated tokens before the first end token (the rest is padding)."""
-    return tokens[: tokens.index(eos)] if eos is not None and eos in tokens else tokens
+def until_eos(tokens: list[int], ends: tuple[int, ...]) -> list[int]:
+    """The generated tokens before the first of the end tokens ``ends`` (the rest is padding)."""
+    return next((tokens[:n] for n, token in enumerate(tokens) if token in ends), tokens)
 
 
 def one_line(text: str) -> str:

@@ -6,15 +6,7 @@ import argparse
 import dataclasses
 import math
 
-from attnkit.cli.common import (
-    add_model_flag,
-    add_no_repeat_ngram_flag,
-    add_weights_flag,
-    check_no_repeat_ngram_size,
-    held_out,
-    no_repeat_options,
-    require,
-)
+from attnkit.cli.common import FLAGS, add_model_flag, add_no_repeat_ngram_flag, add_weights_flag, held_out, require
 from attnkit.config import RunConfig
 
 
@@ -43,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     import attnkit
     from attnkit.data.prepare import encode
     from attnkit.data.tokenizer import specials_of
+    from attnkit.generation.options import DecodingOptions
     from attnkit.models.run_dir import read_run_config
     from attnkit.training.evaluate import evaluate
     from attnkit.training.report import by_task, score_translations
@@ -53,13 +46,12 @@ def run(args: argparse.Namespace) -> int:
     model = attnkit.from_pretrained(args.model, weights=args.weights)
     if saved.objective == "translation":
         require("sacrebleu")
-        if args.num_beams < 1:
-            raise ValueError(f"--num-beams must be >= 1, got {args.num_beams} (1 = greedy)")
-        check_no_repeat_ngram_size(args, args.no_repeat_ngram_size)
         options = {"num_beams": args.num_beams, "no_repeat_ngram_size": args.no_repeat_ngram_size}
-        options.update(no_repeat_options(args))
+        if args.no_repeat_ngram_unit is not None:
+            options["no_repeat_ngram_unit"] = args.no_repeat_ngram_unit
         if args.num_beams > 1:
             options.update(length_penalty=args.length_penalty, length_penalty_style="gnmt")
+        DecodingOptions.named(FLAGS, {}, **options)  # refused here, naming its flag, before any decoding
         scores = score_translations(model, model.tokenizer, pairs, saved.data.max_tokens, **options)
         result = f"BLEU {scores.bleu:.2f}, chrF {scores.chrf:.2f}"
         print(f"{args.split}: {len(pairs)} sentences, beam {args.num_beams}: {result}")

@@ -75,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
     grammar = grammar_option(args, model)
     since = compiles_so_far()
     cfg = model.config
-    options = {**decoding_options(args, model, DEFAULTS), **grammar}
+    options = decoding_options(args, model, DEFAULTS, **grammar)
     eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
+    ends = options.end_tokens(cfg.eos_token_id)  # the checkpoint's generation_config.json may list several
     pad = cfg.pad_token_id if args.pad_id is None else args.pad_id
     if args.text and (args.prompt is not None or args.ids is not None or args.input is not None):
         raise ValueError("give the prompts one way: TEXT arguments, --prompt, --ids or --input")
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
         tokenizer = tokenizer_of(model, args.model, ids_hint=False)
         texts = input_lines(args, prompts_given)
-        for lines in translate_lines(model, tokenizer, texts, options, args.batch_size, args.seed, None,
+        for lines in translate_lines(model, tokenizer, texts, options, args.batch_size, args.seed,
                                      streamed(args, prompts_given), eos, pad):  # fmt: skip
             emit(lines)
         say_choice(model)
@@ -113,10 +114,10 @@ def run(args: argparse.Namespace) -> int:
         ids, mask = pad_left(prompts, pad)  # every prompt ends at the last column, width
         width = ids.shape[1]
         seed = None if args.seed is None else args.seed + index
-        out = model.generate(ids, mask, seed=seed, **options)
+        out = model.generate(ids, mask, options=options.but(seed=seed))
         lines = []
         for row, prompt in enumerate(prompts):
-            new = until_eos(out[row, width:].tolist(), eos)
+            new = until_eos(out[row, width:].tolist(), ends)
             if grammar and len(new) == out.shape[1] - width:  # no end token: cut before it was complete
                 number, cap = index * args.batch_size + row + 1, out.shape[1] - width
                 print(f"attnkit: warning: output {number} was cut at --max-new-tokens {cap} before its JSON was "

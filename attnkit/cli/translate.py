@@ -28,6 +28,7 @@ from attnkit.cli.common import (
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from attnkit.generation.options import DecodingOptions
     from attnkit.models import Model
 
 # Batches sorted by length within windows of this many batches.
@@ -82,15 +83,13 @@ def run(args: argparse.Namespace) -> int:
     model = load_for(args.model, "translate", args.weights)
     since = compiles_so_far()
     cfg = model.config
-    if args.source_length_offset < 0:
-        raise ValueError(f"--source-length-offset must be >= 0, got {args.source_length_offset}")
-    options = decoding_options(args, model, DEFAULTS)
+    options = decoding_options(args, model, DEFAULTS, source_length_offset=args.source_length_offset)
     tokenizer = tokenizer_of(model, args.model, ids_hint=False)
     eos = cfg.eos_token_id if args.eos_id is None else args.eos_id
     pad = cfg.pad_token_id if args.pad_id is None else args.pad_id
     total = count_input_lines(args) if args.input is not None and not args.text else 0
     texts, stream = input_lines(args, args.text), streamed(args, args.text)
-    batches = args.batch_size, args.seed, args.source_length_offset, stream, eos, pad
+    batches = args.batch_size, args.seed, stream, eos, pad
     progress = ProgressReport(total, "translate", unit="line", enabled=total >= PROGRESS_LINES)
     for lines in translate_lines(model, tokenizer, texts, options, *batches):
         emit(lines)
@@ -102,30 +101,31 @@ def run(args: argparse.Namespace) -> int:
 
 
 def translate_lines(
-    model: Model, tokenizer: Tokenizer, texts: Iterable[str], options: dict, batch_size: int, seed: int | None,
-    offset: int | None, stream: bool, eos: int | None, pad: int,
+    model: Model, tokenizer: Tokenizer, texts: Iterable[str], options: DecodingOptions, batch_size: int,
+    seed: int | None, stream: bool, eos: int | None, pad: int,
 ) -> Iterator[list[str]]:  # fmt: skip
     """Each window's outputs, in input order: ``texts`` read a window at a time (one batch when
     ``stream``), decoded in batches of similar length, each output cut at its source length +
-    ``offset`` tokens (None: only ``max_new_tokens``) and at the end token; an empty text gives
-    an empty line. ``attnkit translate``, and ``attnkit generate`` on text-to-text models."""
+    ``options.source_length_offset`` tokens (None: only at ``max_new_tokens``) and at the end
+    token; an empty text gives an empty line. ``attnkit translate``, and ``attnkit generate`` on
+    text-to-text models."""
     from attnkit.data.padding import length_sorted, pad_right
     from attnkit.generation.text import source_ids
 
+    offset = options.source_length_offset
     window_size = batch_size * (1 if stream else SORT_WINDOW)
     for index, window in enumerate(in_batches(texts, window_size)):
         lines = [""] * len(window)
         rows = [n for n, text in enumerate(window) if text.strip()]
         sources = source_ids(tokenizer, eos, [window[n] for n in rows])
         rows, sources = [n for n, s in zip(rows, sources, strict=True) if s], [s for s in sources if s]
-        capped = {} if offset is None else {"source_length_offset": offset}
         for number, batch in enumerate(length_sorted([len(s) for s in sources], batch_size)):
             ids, mask = pad_right([sources[i] for i in batch], pad)
             batch_seed = None if seed is None else seed + index * SORT_WINDOW + number
-            out = model.generate(ids, mask, seed=batch_seed, **capped, **options)
+            out = model.generate(ids, mask, options=options.but(seed=batch_seed))
             for row, i in enumerate(batch):
                 # Drop the start token; keep at most source length + offset tokens, up to the end token.
                 end = out.shape[1] if offset is None else 1 + len(sources[i]) + offset
-                new = until_eos(out[row, 1:end].tolist(), eos)
+                new = until_eos(out[row, 1:end].tolist(), options.end_tokens(eos))
                 lines[rows[i]] = one_line(tokenizer.decode(new, skip_special_tokens=True))
         yield lines

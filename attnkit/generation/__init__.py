@@ -234,9 +234,7 @@ def _decode(
     cfg = model.config
     max_new_tokens = _new_tokens(cfg, input_ids, options.max_new_tokens, options.max_length)
     _check_call(model, input_ids, attention_mask, options, max_new_tokens, tokenizer)
-    ends = list(options.ends)
-    if not ends and cfg.eos_token_id is not None:
-        ends = [cfg.eos_token_id]
+    ends = list(options.end_tokens(cfg.eos_token_id))
     eos = torch.tensor(ends, dtype=torch.long, device=input_ids.device) if ends else None
     pad = cfg.pad_token_id if options.pad_token_id is None else options.pad_token_id
     budget = None

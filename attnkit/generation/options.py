@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -58,39 +58,45 @@ class DecodingOptions:
 
     def _check_search(self) -> None:
         """Length, beams and sampling."""
-        if self.max_new_tokens is not None and (not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1):
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not isinstance(self.num_beams, int) or self.num_beams < 1:
-            raise ValueError(f"num_beams must be an integer >= 1, got {self.num_beams!r}")
+        if self.max_new_tokens is not None and not _positive_int(self.max_new_tokens):
+            raise OptionError("{max_new_tokens} must be an integer >= 1, got {got!r}", got=self.max_new_tokens)
+        if not _positive_int(self.num_beams):
+            raise OptionError("{num_beams} must be an integer >= 1, got {got!r}", got=self.num_beams)
         for name, value in (("length_penalty", self.length_penalty), ("temperature", self.temperature)):
-            if not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value}")
+            if not math.isfinite(value):  # the template names the option: "{length_penalty} must be ..."
+                raise OptionError(f"{{{name}}} must be a finite number, got {{got}}", got=value)
         if self.length_penalty_style not in ("gnmt", "power"):
-            raise ValueError(f"length_penalty_style must be 'gnmt' or 'power', got {self.length_penalty_style!r}")
+            raise OptionError(
+                "{length_penalty_style} must be 'gnmt' or 'power', got {got!r}", got=self.length_penalty_style
+            )
         if self.do_sample and self.num_beams > 1:
-            raise ValueError("sampling with num_beams > 1 is not supported; use do_sample=False or num_beams=1")
+            raise OptionError(
+                "sampling ({do_sample}) draws one path per input; set {num_beams} to 1 (got {got})", got=self.num_beams
+            )
         if self.do_sample and not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
-            raise ValueError(f"top_k must be an integer >= 1 or None, got {self.top_k!r}")
+            raise OptionError("{temperature} must be > 0 when sampling, got {got}", got=self.temperature)
+        if self.top_k is not None and not _positive_int(self.top_k):
+            raise OptionError("{top_k} must be an integer >= 1, got {got!r}", got=self.top_k)
         if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise OptionError("{top_p} must be in (0, 1], got {got}", got=self.top_p)
         if self.compile not in (True, False, "auto"):
-            raise ValueError(f"compile must be True, False or 'auto', got {self.compile!r}")
+            raise OptionError("{compile} must be True, False or 'auto', got {got!r}", got=self.compile)
 
     def _check_constraints(self) -> None:
         """The n-gram ban and the source-length cap."""
         size = self.no_repeat_ngram_size
-        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
-            raise ValueError(f"no_repeat_ngram_size must be an integer >= 1 or None, got {size!r} (3 is usual)")
+        if size is not None and not _positive_int(size):
+            raise OptionError("{no_repeat_ngram_size} must be an integer >= 1, got {got!r} (3 is usual)", got=size)
         if self.no_repeat_ngram_unit not in ("token", "word"):
-            raise ValueError(f"no_repeat_ngram_unit must be 'token' or 'word', got {self.no_repeat_ngram_unit!r}")
+            raise OptionError(
+                "{no_repeat_ngram_unit} must be 'token' or 'word', got {got!r}", got=self.no_repeat_ngram_unit
+            )
         if self.no_repeat_ngram_unit == "word" and size is None:
-            raise ValueError(
-                "no_repeat_ngram_unit='word' is the unit of no_repeat_ngram_size, which is not set; set both"
+            raise OptionError(
+                "{no_repeat_ngram_unit} is the unit of {no_repeat_ngram_size}, which is not set; set both (3 is usual)"
             )
         if self.source_length_offset is not None and self.source_length_offset < 0:
-            raise ValueError(f"source_length_offset must be >= 0, got {self.source_length_offset}")
+            raise OptionError("{source_length_offset} must be >= 0, got {got}", got=self.source_length_offset)
 
     @classmethod
     def over(cls, defaults: Mapping[str, Any], **given: Any) -> DecodingOptions:
@@ -102,12 +108,47 @@ class DecodingOptions:
             defaults = {k: v for k, v in defaults.items() if k != "max_length"}
         return cls(**{**defaults, **given})
 
+    @classmethod
+    def named(cls, names: Mapping[str, str], defaults: Mapping[str, Any], **given: Any) -> DecodingOptions:
+        """:meth:`over`, refusing an option out of its range in the words of whoever gave it:
+        ``names`` spells each option as its user wrote it (a command's ``--max-new-tokens``)."""
+        try:
+            return cls.over(defaults, **given)
+        except OptionError as err:
+            raise ValueError(err.spelled(names)) from None
+
+    def but(self, **changes: Any) -> DecodingOptions:
+        """These options with ``changes`` (a batch's seed, a turn's length), checked again."""
+        return replace(self, **changes)
+
     @property
     def ends(self) -> tuple[Any, ...]:
         """The end tokens asked for, as a tuple (empty: the config's, if any)."""
         eos = self.eos_token_id
         return (eos,) if isinstance(eos, int) else tuple(eos or ())
 
+    def end_tokens(self, config_eos: int | None) -> tuple[int, ...]:
+        """The tokens a decoding ends at: those asked for, else the model config's one."""
+        return self.ends or (() if config_eos is None else (config_eos,))
+
 
 # The keyword arguments of generate() that are decoding options.
 OPTION_NAMES = frozenset(f.name for f in fields(DecodingOptions))
+
+
+class OptionError(ValueError):
+    """A decoding option out of its range. The message is a template over the options' names
+    (``"{max_new_tokens} must be ..."``), so that each caller can name them its own way
+    (:meth:`DecodingOptions.named`); as a ValueError it names them as ``generate`` does."""
+
+    def __init__(self, template: str, **values: Any) -> None:
+        self.template, self.values = template, values
+        super().__init__(self.spelled({}))
+
+    def spelled(self, names: Mapping[str, str]) -> str:
+        """The message, each option called as ``names`` call it (else by its own name)."""
+        return self.template.format_map({**{name: names.get(name, name) for name in OPTION_NAMES}, **self.values})
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

@@ -40,8 +40,9 @@ Event = tuple[str, Any]
 class Job:
     """One request's work. ``kind``: "complete" (ids, max_new_tokens, eos, temperature, top_p,
     seed, and optionally adjust, top_logprobs, prompt_logprobs: see
-    :class:`~attnkit.generation.continuous.Request`), "translate" (sources, num_beams,
-    max_new_tokens, stream) or "call" (``work``, run on the model thread: a forward pass for
+    :class:`~attnkit.generation.continuous.Request`), "translate" (sources, stream, and
+    ``decoding``: its :class:`~attnkit.generation.options.DecodingOptions`, jobs with equal ones
+    decoded as one batch) or "call" (``work``, run on the model thread: a forward pass for
     the attention and the embeddings endpoints)."""
 
     kind: str
@@ -175,10 +176,9 @@ class Engine:
         translations = [job for job in self.waiting if job.kind == "translate"]
         if translations:
             first = translations[0]
-            key = (first.options["num_beams"], first.options["max_new_tokens"])
             group: list[Job] = []
             for job in translations:
-                same = (job.options["num_beams"], job.options["max_new_tokens"]) == key
+                same = job.options["decoding"] == first.options["decoding"]
                 if (
                     same
                     and sum(len(j.options["sources"]) for j in group) + len(job.options["sources"]) <= self.max_batch
@@ -253,9 +253,8 @@ class Engine:
                     if owners[row].options["stream"]:
                         owners[row].emit("token", (row - owners.index(owners[row]), token))
 
-        settings = {k: options[k] for k in ("num_beams", "max_new_tokens") if options[k] is not None}
         started = time.perf_counter()
-        out = self.model.generate(ids, mask, streamer=streamer, **settings)
+        out = self.model.generate(ids, mask, streamer=streamer, options=options["decoding"])
         self.metrics.observe_step(len(sources), time.perf_counter() - started)
         row = 0
         for job in jobs:

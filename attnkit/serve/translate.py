@@ -11,6 +11,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from attnkit.generation.options import DecodingOptions
 from attnkit.generation.text import TextStream, source_ids
 from attnkit.serve.engine import Job
 from attnkit.serve.handling import Api, events, handled, outcomes, sse, stream_response
@@ -41,14 +42,15 @@ class Translate(Api):
         else:
             new = min(self.max_new, self.context)
         stream = body.get("stream", False)
-        defaults = self.state.model.generation_defaults
-        if stream and (beams or defaults.get("num_beams", 1)) > 1:
+        given = {} if beams is None else {"num_beams": beams}
+        decoding = DecodingOptions.over(self.state.model.generation_defaults, max_new_tokens=new, **given)
+        if stream and decoding.num_beams > 1:
             raise ApiError(422, "stream needs num_beams 1: beam search knows its best translation only at the end")
         cfg = self.state.model.config
         sources = source_ids(self.tokenizer, cfg.eos_token_id, texts)
         for ids in sources:
             self.check_length(ids, "a text", 0)
-        options = dict(sources=sources, num_beams=1 if stream else beams, max_new_tokens=new, stream=stream)
+        options = dict(sources=sources, decoding=decoding, stream=stream)
         job = Job("translate", asyncio.get_running_loop(), options)
         self.submit(job)
         prompt_tokens = sum(map(len, sources))

@@ -235,6 +235,22 @@ def test_generate_takes_and_prints_token_ids(tmp_path: Path, capsys: pytest.Capt
     ]
 
 
+def test_generate_ends_at_every_end_token_the_checkpoint_lists(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A generation_config.json's eos_token_id list (Llama 3's, SmolLM2's) ends each output at
+    the first of its tokens, unless --eos-id says otherwise."""
+    model = gpt_model(tokenizer=None)
+    greedy = model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=8)[0, 3:].tolist()
+    assert EOS not in greedy[:3], greedy  # the test needs a third token that is not already the end
+    stop = greedy[2]
+    model.save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "generation_config.json").write_text(json.dumps({"eos_token_id": [EOS, stop]}))
+    argv = ["generate", "--model", str(tmp_path / "m"), "--ids", "5 6 7", "--max-new-tokens", "8", "--only-new"]
+    expected = greedy[: greedy.index(stop)]
+    assert output_lines(capsys, argv) == [" ".join(map(str, expected))]
+    ended_by_flag = greedy[: greedy.index(EOS)] if EOS in greedy else greedy
+    assert output_lines(capsys, [*argv, "--eos-id", str(EOS)]) == [" ".join(map(str, ended_by_flag))]
+
+
 @needs_beams
 def test_generate_with_beams(gpt_dir: Path, capsys: pytest.CaptureFixture) -> None:
     model = attnkit.from_pretrained(gpt_dir, weights="auto")
@@ -446,11 +462,11 @@ def test_wrong_family_points_at_the_right_command(bare_dirs: dict[str, Path], ca
     [
         (["--do-sample", "--top-p", "2"], "--top-p must be in (0, 1], got 2.0"),
         (["--top-p", "0.9"], "--top-p applies only when sampling; add --do-sample"),
-        (["--do-sample", "--temperature", "0"], "--temperature must be > 0, got 0.0"),
-        (["--do-sample", "--top-k", "0"], "--top-k must be >= 1, got 0"),
-        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+        (["--do-sample", "--temperature", "0"], "--temperature must be > 0 when sampling, got 0.0"),
+        (["--do-sample", "--top-k", "0"], "--top-k must be an integer >= 1, got 0"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1, got 0"),
         (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
-        (["--do-sample", "--num-beams", "2"], "use --num-beams 1 (got 2)"),
+        (["--do-sample", "--num-beams", "2"], "set --num-beams to 1 (got 2)"),
         (["--eos-id", "1000"], "--eos-id must be a token id in [0, 30), got 1000"),
         (["--ids", "1 two 3"], "--ids takes space-separated integer token ids, got '1 two 3'"),
         (["--no-repeat-ngram-unit", "word"], "--no-repeat-ngram-unit is the unit of --no-repeat-ngram-size"),

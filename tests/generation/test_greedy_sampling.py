@@ -550,10 +550,10 @@ def untouched(model: torch.nn.Module) -> list[str]:
         (dict(do_sample=True, top_p=1.5), r"top_p must be in \(0, 1\], got 1\.5"),
         (dict(do_sample=True, temperature=0), r"temperature must be > 0 when sampling, got 0"),
         (dict(do_sample=True, temperature=-1.0), r"temperature must be > 0 when sampling, got -1\.0"),
-        (dict(do_sample=True, top_k=0), r"top_k must be an integer >= 1 or None, got 0"),
+        (dict(do_sample=True, top_k=0), r"top_k must be an integer >= 1, got 0"),
         (dict(max_new_tokens=0), r"max_new_tokens must be an integer >= 1, got 0"),
         (dict(max_new_tokens=-3), r"max_new_tokens must be an integer >= 1, got -3"),
-        (dict(do_sample=True, num_beams=2), r"sampling with num_beams > 1"),
+        (dict(do_sample=True, num_beams=2), r"sampling \(do_sample\) draws one path per input; set num_beams to 1"),
     ],
 )
 def test_bad_settings_are_refused_before_any_model_work(options: dict, message: str) -> None:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from attnkit.generation import DecodingOptions, generate
+from attnkit.generation.options import OPTION_NAMES
 from attnkit.models import build_model
 from attnkit.models.generation_config import read_generation_config
 
@@ -43,11 +44,14 @@ def test_arguments_given_win_over_the_file_and_max_new_tokens_sets_its_max_lengt
         ({"num_beams": 0}, "num_beams must be an integer >= 1, got 0"),
         ({"temperature": float("nan")}, "temperature must be a finite number, got nan"),
         ({"length_penalty_style": "gmnt"}, "length_penalty_style must be 'gnmt' or 'power', got 'gmnt'"),
-        ({"do_sample": True, "num_beams": 2}, "sampling with num_beams > 1 is not supported"),
+        (
+            {"do_sample": True, "num_beams": 2},
+            r"sampling \(do_sample\) draws one path per input; set num_beams to 1 \(got 2\)",
+        ),
         ({"do_sample": True, "temperature": 0.0}, "temperature must be > 0 when sampling, got 0.0"),
-        ({"top_k": 0}, "top_k must be an integer >= 1 or None, got 0"),
+        ({"top_k": 0}, "top_k must be an integer >= 1, got 0"),
         ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
-        ({"no_repeat_ngram_size": 0}, "no_repeat_ngram_size must be an integer >= 1 or None, got 0"),
+        ({"no_repeat_ngram_size": 0}, r"no_repeat_ngram_size must be an integer >= 1, got 0 \(3 is usual\)"),
         ({"no_repeat_ngram_unit": "word"}, "no_repeat_ngram_size, which is not set; set both"),
         ({"source_length_offset": -1}, "source_length_offset must be >= 0, got -1"),
         ({"compile": "yes"}, "compile must be True, False or 'auto', got 'yes'"),
@@ -94,3 +98,19 @@ def test_the_models_get_generate_from_the_room_that_decodes_them() -> None:
     first, second = out.strip().splitlines()
     assert first.startswith("model.generate decodes with attnkit.generation, which is not imported")
     assert second == "torch.Size([1, 4])"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"max_new_tokens": 0}, {"num_beams": 0}, {"temperature": float("nan")}, {"do_sample": True, "num_beams": 2},
+     {"do_sample": True, "temperature": 0.0}, {"top_k": 0}, {"top_p": 1.5}, {"no_repeat_ngram_size": 0},
+     {"no_repeat_ngram_unit": "word"}, {"source_length_offset": -1}, {"length_penalty_style": "x"}],
+)  # fmt: skip
+def test_a_refusal_names_the_options_as_their_giver_spells_them(options: dict[str, object]) -> None:
+    """named(): a command's flags, an API's fields; no option is named as generate() names it."""
+    spelling = {name: f"--{name.replace('_', '-')}" for name in OPTION_NAMES}
+    with pytest.raises(ValueError) as refused:
+        DecodingOptions.named(spelling, {}, **options)
+    message = str(refused.value)
+    assert all(spelling[name] in message for name in options if name != "do_sample" or options.get("num_beams"))
+    assert not any(name in message.replace(spelling[name], "") for name in OPTION_NAMES if "_" in name), message

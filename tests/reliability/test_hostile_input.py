@@ -217,7 +217,7 @@ CLI_CASES = [
     ),
     Case("empty-prompt-no-bos", gen("--prompt", ""), ("prompt 1 is empty", "no bos_token_id", "give it some text")),
     # -- decoding settings
-    Case("zero-beams", gen("--ids", "5", "--num-beams", "0"), ("--num-beams must be >= 1, got 0",)),
+    Case("zero-beams", gen("--ids", "5", "--num-beams", "0"), ("--num-beams must be an integer >= 1, got 0",)),
     Case("negative-max-new-tokens", gen("--ids", "5", "--max-new-tokens", "-1"), ("--max-new-tokens", "got -1")),
     Case(
         "infinite-temperature",
@@ -230,10 +230,16 @@ CLI_CASES = [
         gen("--ids", "5", "--num-beams", "2", "--length-penalty", "nan"),
         ("--length-penalty must be a finite number, got nan",),
     ),
-    Case("negative-top-k", gen("--ids", "5", "--do-sample", "--top-k", "-3"), ("--top-k must be >= 1, got -3",)),
+    Case(
+        "negative-top-k",
+        gen("--ids", "5", "--do-sample", "--top-k", "-3"),
+        ("--top-k must be an integer >= 1, got -3",),
+    ),
     Case("top-p-above-one", gen("--ids", "5", "--do-sample", "--top-p", "1.5"), ("--top-p must be in (0, 1]", "1.5")),
     Case("top-p-without-sampling", gen("--ids", "5", "--top-p", "0.9"), ("--top-p applies only", "add --do-sample")),
-    Case("sampling-with-beams", gen("--ids", "5", "--do-sample", "--num-beams", "3"), ("--num-beams 1", "got 3")),
+    Case(
+        "sampling-with-beams", gen("--ids", "5", "--do-sample", "--num-beams", "3"), ("set --num-beams to 1", "got 3")
+    ),
     Case(
         "eos-outside-vocab",
         gen("--ids", "5", "--eos-id", "-1"),

@@ -415,7 +415,7 @@ def refusal(s: dict, model: Model) -> str | None:
     if s["num_beams"] < 1:
         return "num_beams must be an integer >= 1"
     if s["do_sample"] and s["num_beams"] > 1:
-        return "sampling with num_beams > 1"
+        return r"sampling \(do_sample\) draws one path per input"
     if s["do_sample"] and s["temperature"] <= 0:
         return "temperature must be > 0"
     if s["top_k"] is not None and s["top_k"] < 1:
