@@ -13,16 +13,14 @@ from attnkit.nn.layers import AttentionRecord, DecoderLayer, EncoderLayer
 from attnkit.nn.positional import RelativePositionBias
 
 
-class Encoder(nn.Module):
-    """N encoder layers (left column of [fig:att-transformer]).
-
-    ``position_bias``: T5's relative bias, computed once per forward and shared by all
-    layers. Embeddings and absolute positions belong to the model, not the stack.
-    """
+class _Stack(nn.Module):
+    """N layers, an optional final norm, and ``position_bias``: T5's relative bias, computed
+    once per forward and shared by all layers. Embeddings and absolute positions belong to the
+    model, not the stack."""
 
     def __init__(
         self,
-        layers: Iterable[EncoderLayer],
+        layers: Iterable[EncoderLayer] | Iterable[DecoderLayer],
         final_norm: nn.Module | None = None,
         position_bias: RelativePositionBias | None = None,
     ) -> None:
@@ -30,6 +28,10 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
         self.position_bias = position_bias
+
+
+class Encoder(_Stack):
+    """N encoder layers (left column of [fig:att-transformer])."""
 
     def forward(self, x: Tensor, mask: Tensor | None = None, record: AttentionRecord | None = None) -> Tensor:
         """``x`` (B, T, d_model) -> (B, T, d_model); ``mask`` bool, broadcastable to (B, H, T, T)."""
@@ -40,23 +42,12 @@ class Encoder(nn.Module):
         return x if self.final_norm is None else self.final_norm(x)
 
 
-class Decoder(nn.Module):
+class Decoder(_Stack):
     """N decoder layers (right column of [fig:att-transformer]), always causal [eq:att-mask].
 
     With a :class:`~attnkit.nn.cache.DecoderCache` only the new positions are fed; the
     cached ones count for the causal mask and the relative bias.
     """
-
-    def __init__(
-        self,
-        layers: Iterable[DecoderLayer],
-        final_norm: nn.Module | None = None,
-        position_bias: RelativePositionBias | None = None,
-    ) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-        self.final_norm = final_norm
-        self.position_bias = position_bias
 
     @property
     def cross_attention(self) -> bool:
