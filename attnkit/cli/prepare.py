@@ -35,9 +35,9 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     tokenizer = None
     if config.train.init is not None:  # fine-tuning encodes with the pretrained model's own tokenizer
-        from attnkit.training.run import pretrained
+        from attnkit.training.run import init_model
 
-        tokenizer = pretrained(config).tokenizer  # type: ignore[union-attr]
+        tokenizer = init_model(config).tokenizer  # type: ignore[union-attr]
     store = prepare(config, tokenizer, progress=not args.quiet)
     seconds = time.perf_counter() - start
     manifest = store.manifest

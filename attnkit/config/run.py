@@ -39,7 +39,7 @@ class TrainConfig:
 
     objective: Objective | None = None  # None = the family's own
     # A model to fine-tune instead of random weights: a directory (attnkit's or Hugging Face's),
-    # or a name of PRETRAINED (an installed package's model). Its architecture, weights and
+    # or a name of attnkit.loading.PRETRAINED (an installed package's model). Its architecture, weights and
     # tokenizer are the run's; the model section adds only what the task needs (labels).
     init: str | None = None
     max_steps: int = 1000  # optimiser steps

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from attnkit import kernels
 from attnkit.machine import native_bf16
 from attnkit.models.core import LMHead, Model
+from attnkit.nn import lora
 from attnkit.nn.quantized import LAYOUTS, ROWS, Quantized, layouts, products, quantized, shell
 
 log = logging.getLogger("attnkit")
@@ -143,7 +144,10 @@ def apply_format(model: Model, weights: str) -> Model:
     """``model`` (in place) with its weights in ``weights`` format, one that :func:`format_for`
     has decided this machine runs, for inference (eval mode). ``"gguf"`` leaves the layers as
     they are: the blocks :func:`attnkit.interop.gguf.load_gguf` kept, and fp32 where the file
-    had no blocks."""
+    had no blocks. LoRA adapters are folded into their weights first (a run directory's model
+    keeps them): the formats are for inference, and a quantised weight cannot take their update."""
+    if lora.has_adapters(model):
+        lora.merge(model)
     device = next(model.parameters()).device
     if weights in ("int8", "int4"):
         blocks = device.type == "cpu" and kernels.available()

