@@ -228,9 +228,8 @@ RUN_PRESETS: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]
     "minilm-testament": ("bert-tiny", _CLASSIFIER, _FINE_TUNE, dict(corpus="testament", source="4", max_tokens=96)),
     # GPT's generation at work: the real SmolLM2-135M fine-tuned on the user's text with LoRA
     # adapters on its query and value projections (merged when saved). Its cosine runs over
-    # max_steps, not the budget: a 2-core CPU makes ~35 of the 200 steps in 300 s, near the peak
-    # rate, and the King James Psalms reached validation perplexity 33.2 so, against 42.3 with
-    # budget-cosine decaying over those 35 (2026-12-02, the same machine and hour).
+    # max_steps, not the budget: a 2-core CPU makes 35-60 of the 200 steps in 300 s, all near the
+    # peak rate, which did better than decaying over the budget (docs/families.md).
     "smollm2-lora": (
         "llama-tiny",
         dict(lora_rank=8, lora_alpha=16.0),
