@@ -312,13 +312,15 @@ def test_compiled_step_in_each_weight_format(
         # 2.3e-3 of the largest logit at one step of 13 here (int8 activations, 2026-12-03), 1e-7 at
         # the others.
         assert_close(compiled_logits, eager_logits, atol=5e-3 * fp32.abs().max().item(), rtol=0)
-    # int4 on this random GPT-2 is 63% away: 4 bits of Gaussian noise compound over the steps (its
-    # quality is measured on trained models in docs/performance.md). int8's prompt of 21 rows takes
-    # the int8 GEMM, whose activations fbgemm keeps to 7 bits, a step twice oneDNN's: its cache
-    # carries it, 18% from fp32 by the third step here against 9% (the demo translator kept its BLEU
-    # within 0.1 through either, docs/performance.md).
-    bound = 0.2 if weights == "int8" and gemm.engine() == "fbgemm" else 0.1
-    assert weights == "int4" or eager <= bound * fp32.abs().max()
+    # int4 on this random GPT-2 is about half the largest logit away: 4 bits of Gaussian noise
+    # compound over the steps (its quality is measured on trained models in docs/performance.md);
+    # measured 0.48 (fbgemm), 0.50 (blocks only) and 0.52 (oneDNN) on an Intel Xeon, 0.63 on an AMD
+    # EPYC: the bound is 1.5x the worst. int8's prompt of 21 rows takes the int8 GEMM, whose
+    # activations fbgemm keeps to 7 bits, a step twice oneDNN's: its cache carries it, 18% from fp32
+    # by the third step here against 9% (the demo translator kept its BLEU within 0.1 through
+    # either, docs/performance.md).
+    bound = {"int4": 0.95, "int8": 0.2 if gemm.engine() == "fbgemm" else 0.1}.get(weights, 0.1)
+    assert eager <= bound * fp32.abs().max(), f"eager {weights} is {eager:.3f} from fp32"
 
 
 @pytest.mark.parametrize("weights", ["bf16", "int8", "int4"])
