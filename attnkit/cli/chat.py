@@ -19,6 +19,7 @@ from attnkit.cli.common import (
     report_compiles,
     say_choice,
     tokenizer_of,
+    until_eos,
 )
 
 
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     tokenizer = tokenizer_of(model, args.model, ids_hint=False)
     cfg = model.config
+    ends = options.end_tokens(cfg.eos_token_id)  # the checkpoint's generation_config.json may list several
     messages = [{"role": "system", "content": args.system}] if args.system else []
     room, compiled = cfg.max_len, compiles_so_far()
     for number, text in enumerate(input_lines(args, args.message)):
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
         def stream(tokens: torch.Tensor, reply: TextStream = reply) -> None:
             token = int(tokens[0])
-            if token != cfg.eos_token_id:
+            if token not in ends:
                 sys.stdout.write(reply.push(token))
                 sys.stdout.flush()
 
@@ -91,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
         turn = options.but(max_new_tokens=new_tokens, seed=seed)
         out = model.generate(torch.tensor([prompt]), streamer=stream, options=turn)
         print(reply.finish(), flush=True)
-        if grammar and cfg.eos_token_id not in out[0, len(prompt) :].tolist():
+        new = out[0, len(prompt) :].tolist()
+        if grammar and until_eos(new, ends) == new:  # no end token: cut before it was complete
             print(f"attnkit: warning: the reply was cut at {new_tokens} tokens before its JSON was complete; it is "
                   "not valid", file=sys.stderr)  # fmt: skip
         say_choice(model)

@@ -527,6 +527,23 @@ def test_chat_streams_what_generate_decodes_and_refuses_a_model_without_a_templa
     assert capsys.readouterr().out == model.tokenizer.decode(new, skip_special_tokens=True) + "\n"
 
 
+def test_chat_ends_its_reply_at_every_end_token_the_checkpoint_lists(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A generation_config.json's eos_token_id list ends the streamed reply at the first of its
+    tokens, which is not printed (an instruct model's end-of-turn beside its end of text)."""
+    model = chat_model(tmp_path)
+    prompt = model.tokenizer.encode("user: the cat\nassistant:", add_special_tokens=False).ids
+    greedy = model.generate(torch.tensor([prompt]), max_new_tokens=6)[0, len(prompt) :].tolist()
+    assert 2 not in greedy[:3], greedy  # the test needs a third token that is not already the end
+    stop = greedy[2]
+    (tmp_path / "chat" / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, stop]}))
+    argv = ["chat", "--model", str(tmp_path / "chat"), "--weights", "fp32", "--message", "the cat"]
+    assert main([*argv, "--max-new-tokens", "6"]) == 0
+    expected = model.tokenizer.decode(greedy[: greedy.index(stop)], skip_special_tokens=True)
+    assert capsys.readouterr().out == expected + "\n"
+
+
 @pytest.mark.slow
 def test_chat_compiled_replies_as_eager_and_reports_each_compile(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
