@@ -112,7 +112,7 @@ def translate_lines(
     from attnkit.data.padding import length_sorted, pad_right
     from attnkit.generation.text import source_ids
 
-    offset = options.source_length_offset
+    offset, ends = options.source_length_offset, options.end_tokens(eos)
     window_size = batch_size * (1 if stream else SORT_WINDOW)
     for index, window in enumerate(in_batches(texts, window_size)):
         lines = [""] * len(window)
@@ -126,6 +126,6 @@ def translate_lines(
             for row, i in enumerate(batch):
                 # Drop the start token; keep at most source length + offset tokens, up to the end token.
                 end = out.shape[1] if offset is None else 1 + len(sources[i]) + offset
-                new = until_eos(out[row, 1:end].tolist(), options.end_tokens(eos))
+                new = until_eos(out[row, 1:end].tolist(), ends)
                 lines[rows[i]] = one_line(tokenizer.decode(new, skip_special_tokens=True))
         yield lines

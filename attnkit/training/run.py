@@ -67,12 +67,13 @@ def init_model(run: RunConfig) -> Model | None:
     init = run.train.init
     if init is None:
         return None
-    if not is_model(source_path(init)):
+    source = source_path(init)
+    if not is_model(source):
         raise ValueError(
             f"train.init={init!r} is not a model directory (no {CONFIG}) nor a training run's; give one written by "
             f"save_pretrained, a Hugging Face one, a run directory, or a known name ({', '.join(PRETRAINED)})"
         )
-    model = from_pretrained(init)
+    model = from_pretrained(source)
     family = model.config.family
     if why := objective_mismatch(run.objective, family):
         raise ValueError(f"train.init={init!r} is a {family} model: {why}")
