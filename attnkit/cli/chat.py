@@ -19,7 +19,6 @@ from attnkit.cli.common import (
     report_compiles,
     say_choice,
     tokenizer_of,
-    until_eos,
 )
 
 
@@ -56,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnkit.generation.options import DecodingOptions
-    from attnkit.generation.text import TextStream, chat_prompt
+    from attnkit.generation.text import TextStream, chat_prompt, until_eos
 
     model = load_for(args.model, "generate", args.weights)
     grammar = grammar_option(args, model)

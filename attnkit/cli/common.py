@@ -350,11 +350,6 @@ def in_batches(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
         yield batch
 
 
-def until_eos(tokens: list[int], ends: tuple[int, ...]) -> list[int]:
-    """The generated tokens before the first of the end tokens ``ends`` (the rest is padding)."""
-    return next((tokens[:n] for n, token in enumerate(tokens) if token in ends), tokens)
-
-
 def one_line(text: str) -> str:
     """One output line per input: newlines inside a text are written as a literal ``\\n``."""
     return text.replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\n")

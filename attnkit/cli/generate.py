@@ -24,7 +24,6 @@ from attnkit.cli.common import (
     say_choice,
     streamed,
     tokenizer_of,
-    until_eos,
 )
 
 # Where neither a flag nor the checkpoint's generation_config.json says: greedy, 50 tokens.
@@ -69,7 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
 
     from attnkit.data.padding import pad_left
-    from attnkit.generation.text import prompt_ids
+    from attnkit.generation.text import prompt_ids, until_eos
 
     model = load_for(args.model, "generate", args.weights)
     grammar = grammar_option(args, model)

@@ -22,7 +22,6 @@ from attnkit.cli.common import (
     say_choice,
     streamed,
     tokenizer_of,
-    until_eos,
 )
 
 if TYPE_CHECKING:
@@ -110,7 +109,7 @@ def translate_lines(
     token; an empty text gives an empty line. ``attnkit translate``, and ``attnkit generate`` on
     text-to-text models."""
     from attnkit.data.padding import length_sorted, pad_right
-    from attnkit.generation.text import source_ids
+    from attnkit.generation.text import source_ids, until_eos
 
     offset, ends = options.source_length_offset, options.end_tokens(eos)
     window_size = batch_size * (1 if stream else SORT_WINDOW)

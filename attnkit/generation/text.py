@@ -12,6 +12,13 @@ from attnkit.data.specials import BOS
 from attnkit.data.tokenizer import encode_with_specials
 
 
+def until_eos(tokens: list[int], ends: tuple[int, ...]) -> list[int]:
+    """The generated tokens before the first of the end tokens ``ends`` (the rest is padding):
+    :meth:`~attnkit.generation.options.DecodingOptions.end_tokens`, which a checkpoint's
+    ``generation_config.json`` may make several."""
+    return next((tokens[:n] for n, token in enumerate(tokens) if token in ends), tokens)
+
+
 def prompt_ids(tokenizer: Tokenizer, cfg: ModelConfig, texts: Sequence[str], first: int = 1) -> list[list[int]]:
     """Decoder-only prompts: each text's ids with the tokenizer's special tokens, after ``<s>``
     where the model is attnkit's own (its causal-LM objective trains on ``<s>`` + text); an

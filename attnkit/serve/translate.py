@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from attnkit.generation.options import DecodingOptions
-from attnkit.generation.text import TextStream, source_ids
+from attnkit.generation.text import TextStream, source_ids, until_eos
 from attnkit.serve.engine import Job
 from attnkit.serve.handling import Api, events, handled, outcomes, sse, stream_response
 from attnkit.serve.schema import ApiError, fields, in_range
@@ -54,29 +54,28 @@ class Translate(Api):
         job = Job("translate", asyncio.get_running_loop(), options)
         self.submit(job)
         prompt_tokens = sum(map(len, sources))
+        ends = decoding.end_tokens(cfg.eos_token_id)  # the checkpoint's generation_config.json may list several
         if stream:
-            return stream_response(self._stream_translation(job, len(texts), prompt_tokens))
+            return stream_response(self._stream_translation(job, len(texts), prompt_tokens, ends))
         (result,) = await outcomes([job], request)
         translations, generated = [], 0
         for tokens in result["tokens"]:
-            new_tokens = self._until_eos(tokens)
+            new_tokens = until_eos(tokens, ends)
             generated += len(new_tokens)
             translations.append(self.tokenizer.decode(new_tokens, skip_special_tokens=True))
         self.state.metrics.observe_tokens(prompt_tokens, generated)
         return JSONResponse({"translations": translations})
 
-    def _until_eos(self, tokens: list[int]) -> list[int]:
-        eos = self.state.model.config.eos_token_id
-        return tokens[: tokens.index(eos)] if eos in tokens else tokens
-
-    async def _stream_translation(self, job: Job, count: int, prompt_tokens: int) -> AsyncIterator[bytes]:
+    async def _stream_translation(
+        self, job: Job, count: int, prompt_tokens: int, ends: tuple[int, ...]
+    ) -> AsyncIterator[bytes]:
         streams = [TextStream(self.tokenizer) for _ in range(count)]
         ended = [False] * count
-        eos, generated = self.state.model.config.eos_token_id, 0
+        generated = 0
         async for event, value in events(job):
             if event == "token":
                 row, token = value
-                if ended[row] or token == eos:
+                if ended[row] or token in ends:
                     ended[row] = True
                     continue
                 generated += 1
@@ -85,7 +84,7 @@ class Translate(Api):
                     yield sse({"index": row, "delta": delta})
             else:
                 translations = [
-                    self.tokenizer.decode(self._until_eos(tokens), skip_special_tokens=True)
+                    self.tokenizer.decode(until_eos(tokens, ends), skip_special_tokens=True)
                     for tokens in value["tokens"]
                 ]
                 self.state.metrics.observe_tokens(prompt_tokens, generated)

@@ -138,6 +138,27 @@ def test_translate_equals_generate(translator: Model, translator_client: TestCli
             assert "".join(e["delta"] for e in events[:-2] if e["index"] == row) == expected[row]
 
 
+def test_translate_ends_at_every_end_token_the_checkpoint_lists(translator: Model) -> None:
+    """A generation_config.json's eos_token_id list ends each translation at the first of its
+    tokens, answered whole and streamed, as generate() ends it."""
+    import copy
+
+    listing = copy.deepcopy(translator)
+    eos = translator.config.eos_token_id
+    ids = source_ids(translator.tokenizer, eos, TEXTS[:1])[0]
+    greedy = continuation(translator, ids, 20, num_beams=1)
+    assert eos not in greedy[:3], greedy  # the test needs a third token that is not already the end
+    stop = greedy[2]
+    listing.generation_defaults = {"eos_token_id": [eos, stop]}
+    expected = translator.tokenizer.decode(greedy[: greedy.index(stop)], skip_special_tokens=True)
+    body = {"text": TEXTS[:1], "num_beams": 1, "max_new_tokens": 20}
+    with TestClient(create_app(listing, "tiny-translator", Limits(max_new_tokens=40))) as client:
+        assert client.post("/v1/translate", json=body).json() == {"translations": [expected]}
+        events = sse_events(client.post("/v1/translate", json={**body, "stream": True}).text)
+    assert events[-2] == {"translations": [expected]}
+    assert "".join(e["delta"] for e in events[:-2]) == expected
+
+
 def test_t5_translates(t5: Model) -> None:
     with TestClient(create_app(t5, "tiny-t5")) as client:
         ids = source_ids(t5.tokenizer, t5.config.eos_token_id, TEXTS[:1])[0]
