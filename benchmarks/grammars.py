@@ -273,11 +273,11 @@ STEP_ROWS, STEPS_TIMED = 32, 48
 
 def step_cost(model: Any, schemas: list[dict], rows: int = STEP_ROWS, steps: int = STEPS_TIMED) -> dict[str, Any]:
     """The continuous batch's step at :data:`STEP_ROWS` rows (each a schema's chat prompt),
-    every row with its grammar's mask (:func:`~attnkit.generation.grammar.follow`) and without,
+    every row with its grammar's mask and budget (:class:`~attnkit.generation.grammar.Follow`) and without,
     in turn, three rounds of :data:`STEPS_TIMED` steps: no row ends (no end token stops it), so
     both time the same work but the masks."""
     from attnkit.generation.continuous import ContinuousBatch, Request
-    from attnkit.generation.grammar import compile_grammar, follow
+    from attnkit.generation.grammar import Follow, compile_grammar
     from attnkit.generation.text import chat_prompt
 
     cfg, entries = model.config, (schemas * rows)[:rows]
@@ -288,7 +288,7 @@ def step_cost(model: Any, schemas: list[dict], rows: int = STEP_ROWS, steps: int
         for name in seconds:
             masked = name == "schema"
             batch = ContinuousBatch(model, compile=False)
-            batch.add([Request(p, steps + 1, adjust=follow(g) if masked else None)
+            batch.add([Request(p, steps + 1, adjust=Follow(g, budget=steps + 1) if masked else None)
                        for p, g in zip(prompts, grammars, strict=True)])  # fmt: skip
             start = time.perf_counter()
             for _ in range(steps):

@@ -125,7 +125,7 @@ def _constraint(
         constraints.append(forced(options.forced_eos_token_id, max_new_tokens - 1, read_before))
     if options.grammar is not None:
         compiled = compile_grammar(options.grammar, tokenizer, vocab_size, ends)  # type: ignore[arg-type]
-        constraints.append(constrained(compiled, read_before))
+        constraints.append(constrained(compiled, read_before, max_new_tokens))
     return chain(constraints)
 
 
@@ -189,8 +189,11 @@ def generate(
     ``grammar`` constrains every row's new tokens to a grammar (:mod:`attnkit.generation.grammar`):
     a JSON schema (a dict, or :meth:`Grammar.json_schema`), :meth:`Grammar.regex` or
     :meth:`Grammar.lark`, read through ``tokenizer``; each step allows only the tokens that keep
-    the output inside it, and an end token once it is complete, in every decoding mode. An output
-    cut by ``max_new_tokens`` before it is complete is not valid: check its end token.
+    the output inside it, and an end token once it is complete, in every decoding mode. Near the
+    end of ``max_new_tokens`` it allows only tokens after which the output can still be completed
+    in the tokens left, and then completes it (:mod:`attnkit.generation.closing`): an output that
+    would run out is closed in time, valid. Only one whose smallest completion does not fit is
+    cut: check its end token.
 
     ``compile=True`` runs each step after the first as one compiled graph
     (:mod:`attnkit.generation.compiled`): the first call for a model and shape loads it from the

@@ -1,7 +1,8 @@
 """Constrained decoding: each step's next-token scores masked to the tokens that keep the output
 inside a grammar — a JSON schema, a regular expression or a Lark grammar — so that what is
 decoded parses, whatever the model would have preferred. Once the grammar is complete only an
-end token is allowed.
+end token is allowed; given a budget (``max_new_tokens``), an output is closed within it
+(:mod:`attnkit.generation.closing`).
 
 The engine is llguidance (``pip install 'attnkit[grammar]'``), chosen by measurement
 (``python -m benchmarks grammars``: the fastest compile and mask of the three engines on
@@ -14,12 +15,14 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from attnkit.generation.closing import Nesting, candidates, completes, shortest_close
 from attnkit.generation.continuous import Adjust
 from attnkit.generation.ngrams import Constraint
 
@@ -32,6 +35,13 @@ if TYPE_CHECKING:
 JSON_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # Compiled grammars and engine tokenizers kept (least recently used dropped first).
 CACHED = 64
+# Closing within a budget (Follower.within_budget): the slack, in tokens, below which an output's
+# next tokens are checked, and how many of the likeliest are checked at each step there.
+MARGIN = 24
+CHECKED = 2
+# The tokens before its budget from which an output is watched (its first search costs up to
+# 60 ms on the schema set; an output whose completion is longer than this less the margin is cut).
+WATCHED = 128
 
 
 class GrammarError(ValueError):
@@ -140,7 +150,7 @@ def _engine() -> Any:
     return llguidance
 
 
-_tokenizers: OrderedDict[tuple[int, int, tuple[int, ...]], tuple[Tokenizer, Any]] = OrderedDict()
+_tokenizers: OrderedDict[tuple[int, int, tuple[int, ...]], tuple[Tokenizer, Any, Spelling]] = OrderedDict()
 _compiled: OrderedDict[tuple[int, Grammar], Compiled] = OrderedDict()
 
 
@@ -151,13 +161,23 @@ def _remember(cache: OrderedDict, key: Any, value: Any) -> Any:
     return value
 
 
-def _engine_tokenizer(tokenizer: Tokenizer, vocab_size: int, ends: tuple[int, ...]) -> Any:
-    """llguidance's view of ``tokenizer`` (its vocabulary as bytes; about 0.2 s for 49k tokens),
-    cached while the tokenizer lives (the cache holds it, so its id is not reused)."""
+@dataclass(frozen=True)
+class Spelling:
+    """A vocabulary as bytes: ``pieces[t]`` token t's, and the tokens a closing is spelled with
+    (:func:`~attnkit.generation.closing.candidates`)."""
+
+    pieces: tuple[bytes, ...]
+    closers: np.ndarray
+
+
+def _engine_tokenizer(tokenizer: Tokenizer, vocab_size: int, ends: tuple[int, ...]) -> tuple[Any, Spelling]:
+    """llguidance's view of ``tokenizer`` (its vocabulary as bytes; about 0.2 s for 49k tokens)
+    and its :class:`Spelling`, cached while the tokenizer lives (the cache holds it, so its id
+    is not reused)."""
     key = (id(tokenizer), vocab_size, ends)
     if key in _tokenizers:
         _tokenizers.move_to_end(key)
-        return _tokenizers[key][1]
+        return _tokenizers[key][1:]
     try:
         engine = _engine().LLTokenizer(tokenizer.to_str(), n_vocab=vocab_size, eos_token=list(ends))
     except ValueError as e:
@@ -165,7 +185,8 @@ def _engine_tokenizer(tokenizer: Tokenizer, vocab_size: int, ends: tuple[int, ..
             f"llguidance cannot read this tokenizer ({e}); constrained decoding needs a byte-level BPE or "
             "SentencePiece tokenizer, as attnkit's and the Hugging Face models' are"
         ) from None
-    return _remember(_tokenizers, key, (tokenizer, engine))[1]
+    pieces = tuple(engine.decode_bytes([t]) for t in range(vocab_size))
+    return _remember(_tokenizers, key, (tokenizer, engine, Spelling(pieces, candidates(pieces))))[1:]
 
 
 @dataclass(frozen=True)
@@ -177,9 +198,10 @@ class Compiled:
     tokenizer: Any  # llguidance.LLTokenizer
     vocab_size: int
     ends: tuple[int, ...]  # the end tokens, the only ones allowed once the output is complete
+    spelling: Spelling = field(compare=False, repr=False)
 
-    def follower(self) -> Follower:
-        return Follower(self)
+    def follower(self, budget: int | None = None) -> Follower:
+        return Follower(self, budget)
 
 
 def compile_grammar(
@@ -192,7 +214,7 @@ def compile_grammar(
         raise GrammarError("constrained decoding needs an end token (eos_token_id) to end a complete output with")
     grammar = as_grammar(grammar)
     engine = _engine()
-    lltok = _engine_tokenizer(tokenizer, vocab_size, tuple(ends))
+    lltok, spelling = _engine_tokenizer(tokenizer, vocab_size, tuple(ends))
     key = (id(lltok), grammar)
     if key in _compiled:
         _compiled.move_to_end(key)
@@ -207,7 +229,7 @@ def compile_grammar(
         raise GrammarError(f"the {what} cannot be compiled: {e}") from None
     if error := engine.LLMatcher.validate_grammar(source, lltok):
         raise GrammarError(f"the {what} cannot be compiled: {error}")
-    compiled = Compiled(grammar, source, lltok, vocab_size, tuple(ends))
+    compiled = Compiled(grammar, source, lltok, vocab_size, tuple(ends), spelling)
     try:  # one that cannot begin (a $ref that refers only to itself) is refused now, not mid-decode
         compiled.follower().mask_into(torch.zeros((vocab_size + 31) // 32, dtype=torch.int32))
     except GrammarError as e:
@@ -228,18 +250,28 @@ def unpack(words: Tensor, vocab_size: int) -> Tensor:
 
 class Follower:
     """One output's place in a compiled grammar: :meth:`allowed` after the tokens it has
-    produced so far. Tokens after an end token are not read (a finished row's padding)."""
+    produced so far. Tokens after an end token are not read (a finished row's padding).
 
-    def __init__(self, compiled: Compiled) -> None:
+    With a ``budget``, the tokens the output may take, its end token included
+    (``max_new_tokens``), it also keeps the output completable within them
+    (:meth:`within_budget`): an output the budget would cut is closed instead, and
+    ``shortened`` says so."""
+
+    def __init__(self, compiled: Compiled, budget: int | None = None) -> None:
         self.compiled = compiled
         self.matcher = _engine().LLMatcher(compiled.tokenizer, compiled.source, log_level=0)
         self.read = 0  # tokens of the output consumed
         self.refused: int | None = None  # a token the grammar did not take (a dead beam's padding)
+        self.budget = budget
+        self.nesting = Nesting()  # what the output's text leaves open
+        self.shortened = False  # a token the scores preferred was refused for the budget
+        self._closing: tuple[int, list[int] | None] = (-1, None)  # (read, its completion) last searched
+        self._checked: dict[int, list[int] | None] = {}  # a next token's completion, searched this step
 
     def copy(self) -> Follower:
         twin = object.__new__(Follower)
-        twin.compiled, twin.matcher = self.compiled, self.matcher.deep_copy()
-        twin.read, twin.refused = self.read, self.refused
+        twin.__dict__.update(self.__dict__)
+        twin.matcher, twin._checked = self.matcher.deep_copy(), dict(self._checked)
         return twin
 
     @property
@@ -249,12 +281,27 @@ class Follower:
 
     def advance(self, tokens: Sequence[int]) -> None:
         """Consume ``tokens[self.read:]``, the output's tokens since the last call."""
-        for token in tokens[self.read :]:
+        for token in map(int, tokens[self.read :]):
             if self.stopped:
                 break
-            if not self.matcher.consume_token(int(token)):
-                self.refused = int(token)
+            if not self.matcher.consume_token(token):
+                self.refused = token
+            else:
+                self.nesting = self.nesting.after(self.compiled.spelling.pieces[token])
+                self._closing = self._closing_after(token)
+            self._checked = {}
+            self.read += 1
         self.read = len(tokens)
+
+    def _closing_after(self, token: int) -> tuple[int, list[int] | None]:
+        """The completion known after ``token``, the shorter of: its own, searched when it was
+        checked, and the rest of the completion it begins (so that a completion being followed
+        is followed to its end, not searched again)."""
+        known = [self._checked[token]] if self._checked.get(token) is not None else []
+        read, completion = self._closing
+        if read == self.read and completion and completion[0] == token:
+            known.append(completion[1:])
+        return (self.read + 1, min(known, key=len)) if known else self._closing
 
     def mask_into(self, words: Tensor) -> None:
         """The allowed next tokens into ``words`` (⌈V/32⌉,) int32, packed; a
@@ -269,16 +316,82 @@ class Follower:
             raise GrammarError(f"the {what} leaves no token allowed after {self.read} tokens (an unsatisfiable "
                                "grammar, or one the tokenizer cannot spell)")  # fmt: skip
 
-    def allowed(self, tokens: Sequence[int]) -> Tensor:
+    def allowed(self, tokens: Sequence[int], scores: Tensor | None = None) -> Tensor:
         """After the output ``tokens``, the tokens that keep it inside the grammar (V,) bool:
-        only the end tokens once it is complete and can go no further."""
+        only the end tokens once it is complete and can go no further; within its budget
+        (``scores`` (V,) rank the tokens checked, :meth:`within_budget`)."""
         self.advance(tokens)
-        return allowed_rows(self.compiled, [self])[0]
+        return allowed_rows(self.compiled, [self], None if scores is None else scores[None])[0]
+
+    def within_budget(self, allowed: Tensor, scores: Tensor | None) -> Tensor:
+        """``allowed`` (V,) bool, narrowed near the end of the budget to tokens after which the
+        output can still be completed in the tokens left
+        (:func:`~attnkit.generation.closing.shortest_close`). Where the slack (the tokens left
+        less the completion's and its end token) is at most
+        :data:`~attnkit.generation.grammar.MARGIN`, the
+        :data:`~attnkit.generation.grammar.CHECKED` likeliest allowed tokens by ``scores`` are
+        kept where they fit, beside the completion's next token; with no slack, that one alone.
+        Where no completion is found, more than :data:`~attnkit.generation.grammar.WATCHED`
+        tokens are left, or fewer than 2 (no room for a completion and its end), the grammar's
+        tokens are left as they are."""
+        left = None if self.budget is None else self.budget - self.read  # its end token included
+        if left is None or left > WATCHED or left < 2 or self.stopped:  # far off; or no room for any completion
+            return allowed
+        completion = self._completion(left)
+        if completion is None or left - len(completion) - 1 > MARGIN:
+            return allowed
+        keep = torch.zeros_like(allowed)
+        keep[completion[0] if completion else list(self.compiled.ends)] = True
+        if scores is not None:
+            ranked = scores.masked_fill(~allowed, float("-inf"))
+            if left - len(completion) - 1 > 0:
+                for token in ranked.topk(CHECKED).indices.tolist():
+                    keep[token] |= bool(allowed[token]) and self._fits(token, left - 1)
+            self.shortened |= not bool(keep[int(ranked.argmax())])
+        return keep
+
+    def _completion(self, left: int) -> list[int] | None:
+        """The output's completion from here: the last one found while the budget is far (more
+        than twice the margin away, and it at most 8 tokens old), else that one where it still
+        completes the output (a string's letters leave its closing as it was), else searched."""
+        read, completion = self._closing
+        if read == self.read:
+            return completion
+        if read >= 0 and completion is not None:
+            if self.read - read < 8 and left > len(completion) + 1 + 2 * MARGIN:
+                return completion
+            if completes(self.matcher, completion):
+                self._closing = (self.read, completion)
+                return completion
+        spelling = self.compiled.spelling
+        self._closing = (self.read, shortest_close(self.matcher, self.nesting, spelling.closers, spelling.pieces))
+        return self._closing[1]
+
+    def _fits(self, token: int, left: int) -> bool:
+        """Whether after ``token`` the output can be completed in ``left`` tokens, its end
+        included: by the rest of this step's completion where the token begins it, by the
+        whole of it where it still completes the output, else by one searched."""
+        if token in self.compiled.ends:
+            return True
+        twin = self.matcher.deep_copy()
+        if not twin.consume_token(token):
+            return False
+        completion = self._closing[1]  # this step's: within_budget found it first
+        if completion and completion[0] == token:
+            after: list[int] | None = completion[1:]
+        elif completion is not None and completes(twin, completion):
+            after = completion
+        else:
+            spelling = self.compiled.spelling
+            after = shortest_close(twin, self.nesting.after(spelling.pieces[token]), spelling.closers, spelling.pieces)
+        self._checked[token] = after
+        return after is not None and len(after) + 1 <= left
 
 
-def allowed_rows(compiled: Compiled, followers: Sequence[Follower | None]) -> Tensor:
-    """Each row's allowed next tokens (N, V) bool: the grammar's mask; only the end tokens for a
-    row that is stopped; none for a row with no follower or one the grammar refused."""
+def allowed_rows(compiled: Compiled, followers: Sequence[Follower | None], scores: Tensor | None = None) -> Tensor:
+    """Each row's allowed next tokens (N, V) bool: the grammar's mask, within the row's budget
+    (``scores`` (N, V) rank the tokens checked there); only the end tokens for a row that is
+    stopped; none for a row with no follower or one the grammar refused."""
     words = torch.zeros(len(followers), (compiled.vocab_size + 31) // 32, dtype=torch.int32)
     stopped = torch.zeros(len(followers), dtype=torch.bool)
     for row, follower in enumerate(followers):
@@ -290,23 +403,31 @@ def allowed_rows(compiled: Compiled, followers: Sequence[Follower | None]) -> Te
             follower.mask_into(words[row])
     allowed = unpack(words, compiled.vocab_size)
     allowed[stopped.nonzero()[:, 0][:, None], torch.tensor(compiled.ends)] = True  # only an end token
+    for row, follower in enumerate(followers):
+        if follower is not None and follower.budget is not None and follower.refused is None:
+            allowed[row] = follower.within_budget(allowed[row], None if scores is None else scores[row].cpu())
     return allowed
 
 
-def follow(compiled: Compiled, then: Adjust | None = None) -> Adjust:
+class Follow:
     """One request's adjustment in a continuous batch (:data:`~attnkit.generation.continuous.Adjust`):
-    ``then``'s (penalties, a bias), then every token outside the grammar to -inf. Its state is
-    its own: one per request."""
-    follower = compiled.follower()
+    ``then``'s (penalties, a bias), then every token outside the grammar to -inf, the output
+    kept within ``budget`` tokens (:meth:`Follower.within_budget`). Its state is its own: one
+    per request; ``shortened`` once the budget refused a token the scores preferred."""
 
-    def adjust(logits: Tensor, tokens: Sequence[int]) -> Tensor:  # logits (vocab,)
-        out = logits if then is None else then(logits, tokens)
-        return out.masked_fill(~follower.allowed(tokens).to(out.device), float("-inf"))
+    def __init__(self, compiled: Compiled, then: Adjust | None = None, budget: int | None = None) -> None:
+        self.follower, self.then = compiled.follower(budget), then
 
-    return adjust
+    @property
+    def shortened(self) -> bool:
+        return self.follower.shortened
+
+    def __call__(self, logits: Tensor, tokens: Sequence[int]) -> Tensor:  # logits (vocab,)
+        out = logits if self.then is None else self.then(logits, tokens)
+        return out.masked_fill(~self.follower.allowed(tokens, out).to(out.device), float("-inf"))
 
 
-def constrained(compiled: Compiled, read_before: int) -> Constraint:
+def constrained(compiled: Compiled, read_before: int, budget: int | None = None) -> Constraint:
     """A decoding constraint (:data:`~attnkit.generation.ngrams.Constraint`) that keeps every
     row inside ``compiled``: greedy, sampled or beam rows, reordered or dropped between steps.
 
@@ -315,8 +436,9 @@ def constrained(compiled: Compiled, read_before: int) -> Constraint:
     children each get a copy of their parent's state. A row that has finished (its end token
     taken), or whose output is complete and can go no further, is allowed only an end token (a
     finished row's is replaced by padding); a row the grammar refused (a dead beam's padding)
-    gets none allowed."""
-    states: dict[tuple[int, ...], Follower] = {(): compiled.follower()}
+    gets none allowed. With a ``budget`` (``max_new_tokens``) every row's output is closed
+    within it (:meth:`Follower.within_budget`), its likeliest tokens ranked by the scores."""
+    states: dict[tuple[int, ...], Follower] = {(): compiled.follower(budget)}
 
     def constrain(scores: Tensor, sequences: Tensor, final: Tensor) -> Tensor:
         nonlocal states
@@ -334,7 +456,7 @@ def constrained(compiled: Compiled, read_before: int) -> Constraint:
                 now[kid].advance(kid)
         states = now
         rows = [now.get(output) for output in outputs]
-        masked = scores.masked_fill(~allowed_rows(compiled, rows).to(scores.device), float("-inf"))
+        masked = scores.masked_fill(~allowed_rows(compiled, rows, scores).to(scores.device), float("-inf"))
         followed = torch.tensor([r is not None and r.refused is None for r in rows], device=scores.device)
         stuck = followed & ~(masked > float("-inf")).any(dim=-1)  # (N,): the earlier constraints banned all it allows
         if bool(stuck.any()):

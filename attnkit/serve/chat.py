@@ -63,7 +63,7 @@ class Chat(CompletionApi):
             eos = self.state.model.config.eos_token_id  # the end of the turn is not content
             logprobs = {"content": [self._entry(t, sc) for t, _, sc in tokens if sc is not None and t != eos]}
         calls = calls_of(choice.shown) if s.tool_calls and finish is not None else None
-        if calls is not None:
+        if calls is not None and finish == "stop":  # "length": whole calls, closed early for max_tokens
             finish = "tool_calls"
         if final:
             message = {"role": "assistant", "content": text} if calls is None else \

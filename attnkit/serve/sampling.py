@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from attnkit.generation.continuous import Scored
-from attnkit.generation.grammar import Compiled, follow
+from attnkit.generation.grammar import Compiled, Follow
 from attnkit.generation.penalties import penalties
 from attnkit.generation.text import TextStream
 from attnkit.serve.engine import Job
@@ -79,6 +79,7 @@ class Choice:
     finish_reason: str | None = None
     prompt_scores: list[Scored | None] | None = None
     prompt_text: tuple[str, list[int]] | None = None  # the prompt's text and its tokens' offsets, once made
+    grammar: Follow | None = None  # its grammar's state: an answer closed early for max_tokens ends for "length"
 
 
 @dataclass
@@ -182,14 +183,14 @@ class CompletionApi(Api):
             self.check_length(ids, what, s.max_tokens if s.max_tokens is not None else 1)
             new = s.max_tokens if s.max_tokens is not None else max(0, min(self.max_new, self.context - len(ids)))
             for j in range(s.n):
+                grammar = None if s.grammar is None else Follow(s.grammar, adjust, new)  # a state per choice
                 options = dict(
                     ids=ids, max_new_tokens=new, temperature=s.temperature, top_p=s.top_p, seed=seed + j,
                     eos=[] if eos is None else [eos], top_logprobs=s.top_logprobs,
-                    adjust=adjust if s.grammar is None else follow(s.grammar, adjust),  # a grammar state per choice
-                    prompt_logprobs=prompt_logprobs,
+                    adjust=adjust if grammar is None else grammar, prompt_logprobs=prompt_logprobs,
                 )  # fmt: skip
                 job = Job("complete", loop, options)
-                out.append(Choice(p * s.n + j, job, TextStream(self.tokenizer), StopText(s.stops)))
+                out.append(Choice(p * s.n + j, job, TextStream(self.tokenizer), StopText(s.stops), grammar=grammar))
         self.submit(*(c.job for c in out))
         return out
 
@@ -234,6 +235,8 @@ class CompletionApi(Api):
                     rest += choice.stop.finish()
                     choice.shown += rest
                     choice.finish_reason = "stop" if choice.stop.stopped else value["finish_reason"]
+                    if choice.grammar is not None and choice.grammar.shortened:  # closed for max_tokens
+                        choice.finish_reason = "length"
                     open_choices -= 1
                     yield Delta(choice, rest, [], choice.finish_reason)
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ import attnkit
 from attnkit.config import preset
 from attnkit.data.tokenizer import train_tokenizer
 from attnkit.generation import Grammar, generate
-from attnkit.generation.grammar import GrammarError, bounded, compile_grammar, constrained
+from attnkit.generation.closing import Nesting, shortest_close
+from attnkit.generation.grammar import Compiled, Follower, GrammarError, bounded, compile_grammar, constrained
 
 pytest.importorskip("llguidance", reason="the grammar extra is not installed: pip install 'attnkit[grammar]'")
 jsonschema = pytest.importorskip("jsonschema", reason="the test extra is not installed: pip install 'attnkit[test]'")
@@ -82,21 +84,20 @@ def test_each_steps_allowed_tokens_are_within_the_oracles(tokenizer: Tokenizer) 
 def test_every_schema_decodes_valid_json_from_random_weights(
     gpt: torch.nn.Module, tokenizer: Tokenizer, mode: dict
 ) -> None:
-    """A random model writes no JSON by itself; constrained, each output that ends is valid."""
+    """A random model writes no JSON by itself, and repeats inside it until any budget runs out;
+    constrained, every output ends within max_new_tokens, valid (its numbers read as the
+    decimals they are: 0.999…9 is below an exclusive maximum of 1, which a float rounds onto)."""
     prompt = torch.tensor([tokenizer.encode("{").ids])
-    eos, ended = end_of(tokenizer), 0
+    eos = end_of(tokenizer)
     for entry in SCHEMAS:
-        out = generate(gpt, prompt, max_new_tokens=48, grammar=entry["schema"], eos_token_id=eos, **mode)
+        out = generate(gpt, prompt, max_new_tokens=96, grammar=entry["schema"], eos_token_id=eos, **mode)
         new = out[0, prompt.shape[1] :].tolist()
-        if eos not in new:  # cut by max_new_tokens: no claim of validity
-            assert len(new) == 48, entry["name"]
-            continue
-        ended += 1
+        assert eos in new, (entry["name"], tokenizer.decode(new))
         text = tokenizer.decode(new[: new.index(eos)])
-        jsonschema.validate(json.loads(text), entry["schema"], format_checker=jsonschema.FormatChecker())
+        jsonschema.validate(json.loads(text, parse_float=Decimal), entry["schema"],
+                            format_checker=jsonschema.FormatChecker())  # fmt: skip
         unconstrained = generate(gpt, prompt, max_new_tokens=len(new), eos_token_id=eos, **mode)[0, prompt.shape[1] :]
         assert unconstrained.tolist() != new, entry["name"]  # the grammar decided the output
-    assert ended >= 5  # a random model closes a string rarely: some outputs run to max_new_tokens
 
 
 def test_beams_each_follow_their_own_state(gpt: torch.nn.Module, tokenizer: Tokenizer) -> None:
@@ -238,16 +239,70 @@ def test_bounded_closes_every_open_end_and_keeps_the_rest() -> None:
 
 
 def test_bounded_outputs_are_valid_against_the_original(gpt: torch.nn.Module, tokenizer: Tokenizer) -> None:
-    """What the bounded schema lets a random model write is valid against the original schema,
-    and ends within the tokens the bounds allow."""
+    """What the bounded schema lets a random model write is valid against the original schema."""
     prompt = torch.tensor([tokenizer.encode("{").ids])
-    eos, ended = end_of(tokenizer), 0
+    eos = end_of(tokenizer)
     for entry in SCHEMAS:
         narrow = bounded(entry["schema"], max_length=8, max_items=2)
         new = generate(gpt, prompt, max_new_tokens=96, grammar=narrow, eos_token_id=eos)[0, prompt.shape[1] :].tolist()
-        if eos in new:
-            ended += 1
-            value = json.loads(tokenizer.decode(new[: new.index(eos)]))
-            jsonschema.validate(value, narrow)
+        assert eos in new, entry["name"]
+        value = json.loads(tokenizer.decode(new[: new.index(eos)]), parse_float=Decimal)
+        jsonschema.validate(value, narrow)
+        jsonschema.validate(value, entry["schema"], format_checker=jsonschema.FormatChecker())
+
+
+def test_a_completion_is_found_from_every_prefix_of_every_example(tokenizer: Tokenizer) -> None:
+    """From every token of every schema's example, the closing search finds tokens that make
+    the text so far a valid instance of the schema (jsonschema is the oracle); none where it
+    is complete already."""
+    eos = end_of(tokenizer)
+    for entry in SCHEMAS:
+        compiled = compile_grammar(entry["schema"], tokenizer, tokenizer.get_vocab_size(), [eos])
+        ids = tokenizer.encode(json.dumps(entry["example"])).ids
+        for t in range(len(ids) + 1):
+            follower = compiled.follower()
+            follower.advance(ids[:t])
+            spelling = compiled.spelling
+            completion = shortest_close(follower.matcher, follower.nesting, spelling.closers, spelling.pieces)
+            assert completion is not None, (entry["name"], t)
+            assert (completion == []) == follower.matcher.is_accepting()
+            text = tokenizer.decode(ids[:t] + completion)
+            value = json.loads(text, parse_float=Decimal)
             jsonschema.validate(value, entry["schema"], format_checker=jsonschema.FormatChecker())
-    assert ended >= 2 * len(SCHEMAS) // 3  # 30 here: fractional digits, a tree's depth, any object stay open
+
+
+def repeating(compiled: Compiled, budget: int, favourite: int) -> tuple[list[int], Follower]:
+    """Greedy decoding by a "model" that prefers ``favourite`` (a letter) above all else, then
+    the end token: it would write the letter forever inside a string."""
+    follower, out = compiled.follower(budget), []
+    scores = torch.zeros(compiled.vocab_size)
+    scores[favourite], scores[list(compiled.ends)] = 2.0, 1.0
+    while len(out) < budget and (not out or out[-1] not in compiled.ends):
+        allowed = follower.allowed(out, scores)
+        out.append(int(scores.masked_fill(~allowed, float("-inf")).argmax()))
+    return out, follower
+
+
+def test_an_output_is_closed_within_its_budget(tokenizer: Tokenizer) -> None:
+    """A decoding that would repeat a letter inside a string until its tokens run out is closed
+    in time: for every budget that leaves room for the smallest instance, it ends with its end
+    token within the budget, valid, and says it was shortened; one that ends by itself is not."""
+    eos = end_of(tokenizer)
+    schema = {"type": "object", "properties": {"said": {"type": "string"}, "n": {"type": "integer"}},
+              "required": ["said", "n"], "additionalProperties": False}  # fmt: skip
+    compiled = compile_grammar(schema, tokenizer, tokenizer.get_vocab_size(), [eos])
+    spelling = compiled.spelling
+    smallest = shortest_close(compiled.follower().matcher, Nesting(), spelling.closers, spelling.pieces)
+    letter = tokenizer.token_to_id("a")
+    for budget in range(len(smallest) + 1, len(smallest) + 40, 3):
+        out, follower = repeating(compiled, budget, letter)
+        assert len(out) <= budget and out[-1] == eos, budget
+        value = json.loads(tokenizer.decode(out[:-1]))
+        jsonschema.validate(value, schema)
+        assert set(value["said"]) <= {"a"} and follower.shortened
+    assert len(value["said"]) > 10  # with room to spare, the model's letters come first
+    out, follower = repeating(compiled, len(smallest), letter)  # no room for its end token: cut, no claim
+    assert len(out) == len(smallest) and eos not in out
+    enum = compile_grammar({"enum": ["yes", "no"]}, tokenizer, tokenizer.get_vocab_size(), [eos])
+    out, follower = repeating(enum, 64, letter)
+    assert tokenizer.decode(out[:-1]) in ('"yes"', '"no"') and not follower.shortened

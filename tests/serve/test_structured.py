@@ -1,7 +1,8 @@
 """Structured outputs through the server's API (Starlette's test client, the tiny trained GPT):
 ``response_format`` json_schema and json_object on chat and completions, greedy equal to the
 library's ``generate(grammar=...)``, sampled choices each valid (jsonschema), streamed the same
-as whole; a cut answer said so by its finish reason; a schema the engine refuses a 400 naming
+as whole; an answer closed early for ``max_tokens`` valid and said so, one too short for any
+instance cut and said so; a schema the engine refuses a 400 naming
 the field, the server unaffected."""
 
 from __future__ import annotations
@@ -63,10 +64,28 @@ def test_a_json_schema_answer_is_generates_and_valid(gpt: Model, client: TestCli
 def test_sampled_choices_are_each_valid(client: TestClient) -> None:
     body = {"messages": MESSAGES, "max_tokens": 48, "temperature": 1.0, "n": 4, "seed": 1, "response_format": FORMAT}
     choices = client.post("/v1/chat/completions", json=body).json()["choices"]
-    finished = [c for c in choices if c["finish_reason"] == "stop"]
-    assert len(finished) >= 3  # a bounded object: at most one choice runs out of its 48 tokens
-    values = [valid(c["message"]["content"], SCHEMA) for c in finished]
+    assert {c["finish_reason"] for c in choices} <= {"stop", "length"}  # length: closed early for max_tokens
+    values = [valid(c["message"]["content"], SCHEMA) for c in choices]
     assert len({json.dumps(v, sort_keys=True) for v in values}) > 1  # each choice its own grammar state
+
+
+def test_an_answer_max_tokens_would_cut_is_closed_valid_and_said_so(gpt: Model, client: TestClient) -> None:
+    """An open string the tiny model would write past ``max_tokens`` is closed in time: the
+    answer is the library's (generate's budget is the same), valid, and its finish reason
+    "length" says it was shortened; streamed the same."""
+    open_ended = {"type": "object", "properties": {"said": {"type": "string"}}, "required": ["said"],
+                  "additionalProperties": False}  # fmt: skip
+    fmt = {"type": "json_schema", "json_schema": {"name": "said", "schema": open_ended}}
+    body = {"messages": MESSAGES, "max_tokens": 12, "temperature": 0, "response_format": fmt}
+    choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    ids = chat_prompt(gpt.chat_template, gpt.tokenizer, gpt.config, MESSAGES)
+    expected = continuation(gpt, ids, 12, grammar=open_ended)
+    assert len(expected) < 12  # its end token within the 12 (continuation leaves it out)
+    assert choice["message"]["content"] == gpt.tokenizer.decode(expected, skip_special_tokens=True)
+    assert choice["finish_reason"] == "length" and valid(choice["message"]["content"], open_ended)["said"]
+    events = sse_events(client.post("/v1/chat/completions", json={**body, "stream": True}).text)
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == choice["message"]["content"]
+    assert events[-2]["choices"][0]["finish_reason"] == "length"  # the last before [DONE]
 
 
 def test_json_object_and_completions(client: TestClient) -> None:
@@ -77,10 +96,7 @@ def test_json_object_and_completions(client: TestClient) -> None:
         "response_format": {"type": "json_object"},
     }
     choice = client.post("/v1/completions", json=body).json()["choices"][0]
-    if choice["finish_reason"] == "stop":
-        assert isinstance(json.loads(choice["text"]), dict)
-    else:  # an open string the tiny model never closes: cut, and said so
-        assert choice["finish_reason"] == "length" and choice["text"].startswith("{")
+    assert isinstance(json.loads(choice["text"]), dict)  # closed within max_tokens ("length" if early)
 
 
 def test_a_cut_answer_is_length_not_valid(client: TestClient) -> None:
