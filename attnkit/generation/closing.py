@@ -10,13 +10,14 @@ The search walks the grammar itself (llguidance's matcher, copied at each node, 
 node with its mask): depth first, a node's children being the tokens of one byte and the tokens
 made only of ``"``, ``]`` and ``}``, each child taken once per distinct next-token mask (the
 letters inside a plain string are one child; where the first two letters of a case reach one
-state, the others are not tried), tried in the order: a child that comes back to a
-state of the last two on its path (same mask, same nesting) last; then the one that closes the most of the
-output's open strings, arrays and objects (:class:`Nesting`, a lower bound on what is left);
-then the one that writes no byte it does not need to; then quotes and brackets before digits
-before letters. Bytes the grammar forces (an object's next required key) are one child. Found on
-the 36 schemas of ``benchmarks/schemas.json`` from 513 states of SmolLM2's answers: every one
-completed, in 1 ms (median; at most 42 ms), the completion at most 86 tokens.
+state, the others are not tried), tried in the order: a child that comes back to one of the
+last two states on its path (same mask, same nesting) last; then the one that closes the most
+of the output's open strings, arrays and objects (:class:`Nesting`, a lower bound on what is
+left); then the one that writes no byte it does not need to; then quotes and brackets before
+digits before letters. Bytes the grammar forces (an object's next required key) are one child.
+Measured on the 36 schemas of ``benchmarks/schemas.json`` from 604 states of SmolLM2's answers
+(and their starts): every one completed, in 0.7 ms (median; at most 60 ms, a string with a
+``minLength``), the completion at most 41 tokens.
 """
 
 from __future__ import annotations
